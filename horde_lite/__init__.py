@@ -1,0 +1,3 @@
+"""horde_lite: a self-hosted broker for crowd-sourced text generation."""
+
+__version__ = "0.1.0"

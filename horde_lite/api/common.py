@@ -1,0 +1,62 @@
+"""What both faces share: body decoding, the horde state, one transaction per request."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import msgspec
+from litestar import Request
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.errors import HordeError
+
+T = TypeVar("T")
+
+MAX_BODY_BYTES = 4 * 1024 * 1024
+
+
+def horde_of(request: Request[Any, Any, Any]) -> Horde:
+    return request.app.state.horde
+
+
+async def decode(request: Request[Any, Any, Any], type_: type[T]) -> T:
+    """Decode a JSON body into `type_`; malformed JSON or a bad field is a 400 naming the field."""
+    raw = await request.body()
+    if len(raw) > MAX_BODY_BYTES:
+        raise HordeError(413, "BadRequest", f"The request body is larger than {MAX_BODY_BYTES} bytes.")
+    if not raw.strip():
+        raw = b"{}"
+    try:
+        return msgspec.json.decode(raw, type=type_)
+    except msgspec.ValidationError as e:
+        path = str(e).rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in str(e) else "body"
+        raise HordeError(
+            400, "BadRequest", f"Input payload validation failed: {e}", errors={path: str(e)}, param=path
+        ) from e
+    except msgspec.DecodeError as e:
+        raise HordeError(400, "BadRequest", f"The request body is not valid JSON: {e}") from e
+
+
+def apikey_of(request: Request[Any, Any, Any]) -> str | None:
+    key = request.headers.get("apikey")
+    if key:
+        return key.strip()
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return None
+
+
+def client_agent_of(request: Request[Any, Any, Any]) -> str:
+    return request.headers.get("client-agent") or request.headers.get("client_agent") or ""
+
+
+@asynccontextmanager
+async def transaction(horde: Horde) -> AsyncIterator[AsyncSession]:
+    """One short transaction: committed when the block ends, rolled back on any error (so a
+    refused request leaves nothing behind)."""
+    async with horde.sessionmaker() as session, session.begin():
+        yield session

@@ -1,0 +1,93 @@
+"""The one plugin that wires horde_lite into Litestar: routes, error mapping, the horde state
+(engine, policies, metrics) built at start-up, migrations when the database is behind, the lease
+sweep, and the `horde-lite` CLI commands."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
+
+from litestar.config.app import AppConfig
+from litestar.plugins import CLIPluginProtocol, InitPluginProtocol
+
+from horde_lite.api.errors import EXCEPTION_HANDLERS
+from horde_lite.api.horde import router as horde_router
+from horde_lite.api.metrics_route import metrics
+from horde_lite.clock import Clock
+from horde_lite.db import migrate
+from horde_lite.db.engine import make_engine, make_sessionmaker
+from horde_lite.lifecycle import lease
+from horde_lite.lifecycle.context import Horde
+from horde_lite.metrics import Metrics
+from horde_lite.policies.registry import load_policies
+from horde_lite.settings import Settings
+
+if TYPE_CHECKING:
+    from click import Group
+    from litestar import Litestar
+
+log = logging.getLogger("horde_lite")
+
+
+class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
+    def __init__(self, settings: Settings, clock: Clock | None = None, *, run_sweeper: bool = True) -> None:
+        self.settings = settings
+        self.clock = clock or Clock()
+        self.run_sweeper = run_sweeper
+        # Fail at start-up (and in the factory) on a policy name or option that cannot load.
+        self.policies = load_policies(settings.policies)
+
+    def on_app_init(self, app_config: AppConfig) -> AppConfig:
+        from horde_lite.api.openai import ROUTES as openai_routes
+
+        app_config.route_handlers.extend([horde_router, metrics, *openai_routes])
+        app_config.exception_handlers.update(EXCEPTION_HANDLERS)
+        app_config.lifespan.append(self._lifespan)
+        return app_config
+
+    @asynccontextmanager
+    async def _lifespan(self, app: Litestar) -> AsyncIterator[None]:
+        url = self.settings.database.url
+        if await migrate.current(url) not in migrate.heads():
+            log.info("database is behind: applying migrations")
+            await asyncio.to_thread(migrate.upgrade, url)
+        engine = make_engine(url, echo=self.settings.database.echo)
+        horde = Horde(
+            settings=self.settings,
+            policies=self.policies,
+            metrics=Metrics(),
+            clock=self.clock,
+            engine=engine,
+            sessionmaker=make_sessionmaker(engine),
+        )
+        app.state.horde = horde
+        sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
+        try:
+            yield
+        finally:
+            if sweeper is not None:
+                sweeper.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await sweeper
+            horde.metrics.shutdown()
+            await engine.dispose()
+
+    async def _sweep_forever(self, horde: Horde) -> None:
+        interval = self.settings.lease.sweep_seconds
+        if interval <= 0:
+            return
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await lease.sweep(horde)
+            except Exception:  # keep sweeping; a failed pass is retried next time
+                log.exception("lease sweep failed")
+
+    def on_cli_init(self, cli: Group) -> None:
+        from horde_lite.cli import register_commands
+
+        register_commands(cli)

@@ -1,0 +1,232 @@
+"""The tables. Times are epoch seconds (floats): they compare and subtract the same way on SQLite
+and PostgreSQL, and the queue key `effective_start` is plain arithmetic on them (docs/decisions)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from horde_lite.db.sqltypes import JsonDoc, JsonList
+
+NAMING = {
+    "ix": "ix_%(column_0_label)s",
+    "uq": "uq_%(table_name)s_%(column_0_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+ID = String(36)  # canonical dashed lowercase UUID4
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING)
+
+
+class User(Base):
+    __tablename__ = "users"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    username: Mapped[str] = mapped_column(String(100), unique=True)
+    api_key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    # Materialised sum of the user's kudos_events; written only by the ledger.
+    kudos: Mapped[float] = mapped_column(Float, default=0.0)
+    trusted: Mapped[bool] = mapped_column(Boolean, default=False)
+    moderator: Mapped[bool] = mapped_column(Boolean, default=False)
+    anonymous: Mapped[bool] = mapped_column(Boolean, default=False)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class SharedKey(Base):
+    __tablename__ = "shared_keys"
+
+    # The key is a UUID that is also its public id (upstream); only its hash is stored.
+    key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(255), default="")
+    kudos: Mapped[float] = mapped_column(Float, default=-1)  # budget; -1 = unlimited
+    utilized: Mapped[float] = mapped_column(Float, default=0.0)
+    expiry: Mapped[float | None] = mapped_column(Float, nullable=True)
+    max_text_tokens: Mapped[int] = mapped_column(Integer, default=-1)  # -1 = no cap
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class KudosEvent(Base):
+    """Append-only ledger: a balance is the sum of its user's events."""
+
+    __tablename__ = "kudos_events"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    amount: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))
+    ref: Mapped[str] = mapped_column(String(80), default="")
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class KudosHold(Base):
+    """Upfront kudos reserved for one request, keyed `upfront:<request id>` so retries can't stack."""
+
+    __tablename__ = "kudos_holds"
+
+    key: Mapped[str] = mapped_column(String(80), primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    request_id: Mapped[str] = mapped_column(ID, index=True)
+    amount: Mapped[float] = mapped_column(Float)
+    remaining: Mapped[float] = mapped_column(Float)
+    active: Mapped[bool] = mapped_column(Boolean, default=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
+class Worker(Base):
+    __tablename__ = "workers"
+    __table_args__ = (Index("ix_workers_online", "last_check_in"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100), unique=True)
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    # The owner's trusted flag, copied at each check-in and when an operator changes it, so the
+    # pop's WHERE clause needs no join for `trusted_workers`.
+    trusted: Mapped[bool] = mapped_column(Boolean, default=False)
+    models: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    max_length: Mapped[int] = mapped_column(Integer, default=512)
+    max_context_length: Mapped[int] = mapped_column(Integer, default=2048)
+    threads: Mapped[int] = mapped_column(Integer, default=1)
+    bridge_agent: Mapped[str] = mapped_column(String(255), default="")
+    nsfw: Mapped[bool] = mapped_column(Boolean, default=False)
+    priority_user_ids: Mapped[list[int]] = mapped_column(JsonList, default=list)
+    # The chat block; NULL limits = not a chat worker.
+    chat_max_completion_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    chat_max_context_tokens: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    chat_features: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    chat_image_transports: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    maintenance: Mapped[bool] = mapped_column(Boolean, default=False)
+    maintenance_msg: Mapped[str] = mapped_column(String(255), default="")
+    paused: Mapped[bool] = mapped_column(Boolean, default=False)
+    last_check_in: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    # Lease speed (tokens per second of lease): mean of the newest samples; NULL = unmeasured.
+    lease_speed: Mapped[float | None] = mapped_column(Float, nullable=True)
+    speed_samples: Mapped[list[float]] = mapped_column(JsonList, default=list)
+    # floor(speed x generation window), with the assumed speed while unmeasured; kept in step with
+    # lease_speed and the settings at every check-in and submit so SQL can compare integers.
+    capacity: Mapped[int] = mapped_column(Integer, default=0)
+    completed_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    aborted_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    faulted_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    tokens_generated: Mapped[int] = mapped_column(BigInteger, default=0)
+    kudos_earned: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+class WorkerModel(Base):
+    """The models a worker serves, one row each, so model matching is an indexed join."""
+
+    __tablename__ = "worker_models"
+
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+
+
+class TextRequest(Base):
+    __tablename__ = "text_requests"
+    __table_args__ = (Index("ix_text_requests_queue", "state", "effective_start"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    shared_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    requester_kind: Mapped[str] = mapped_column(String(16))  # anonymous | registered | shared_key
+    # waiting (offered or running) | done | cancelled | faulted
+    state: Mapped[str] = mapped_column(String(16), default="waiting")
+    is_chat: Mapped[bool] = mapped_column(Boolean, default=False)
+    stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    prompt: Mapped[str] = mapped_column(Text, default="")
+    params: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    # Chat payload handed to the worker (messages, tools, response_format, sampling).
+    chat: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)
+    max_length: Mapped[int] = mapped_column(Integer)
+    max_context_length: Mapped[int] = mapped_column(Integer)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    required_features: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    required_transports: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    any_model: Mapped[bool] = mapped_column(Boolean, default=True)
+    models: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    # Allow-list of worker ids; `targeted` says whether it is in force (an empty list is not).
+    targeted: Mapped[bool] = mapped_column(Boolean, default=False)
+    worker_allow: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    worker_deny: Mapped[list[str]] = mapped_column(JsonList, default=list)
+    trusted_workers: Mapped[bool] = mapped_column(Boolean, default=False)
+    slow_workers: Mapped[bool] = mapped_column(Boolean, default=True)
+    nsfw: Mapped[bool] = mapped_column(Boolean, default=True)
+    n_total: Mapped[int] = mapped_column(Integer, default=1)
+    # Jobs not yet handed out; a lapse or a fault gives one back.
+    n_remaining: Mapped[int] = mapped_column(Integer, default=1)
+    restarts: Mapped[int] = mapped_column(Integer, default=0)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    initial_priority: Mapped[float] = mapped_column(Float, default=0.0)
+    # created - initial_priority / 5 s: sorts like upstream's growing priority, without rewrites.
+    effective_start: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+    kudos_spent: Mapped[float] = mapped_column(Float, default=0.0)
+    # Admission record: what was asked, what was allowed, how it was decided.
+    requested_max_length: Mapped[int] = mapped_column(Integer)
+    free_allowance: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    allowance_outcome: Mapped[str] = mapped_column(String(16), default="free")
+    context_adjustments: Mapped[list[Any]] = mapped_column(JsonDoc, default=list)
+    client_agent: Mapped[str] = mapped_column(String(255), default="")
+
+
+class RequestModel(Base):
+    __tablename__ = "request_models"
+
+    request_id: Mapped[str] = mapped_column(
+        ForeignKey("text_requests.id", ondelete="CASCADE"), primary_key=True
+    )
+    model: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+
+
+class Generation(Base):
+    """One job handed to one worker by a pop, with its lease."""
+
+    __tablename__ = "generations"
+    __table_args__ = (Index("ix_generations_lease", "state", "lease_expires_at"),)
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    request_id: Mapped[str] = mapped_column(ForeignKey("text_requests.id", ondelete="CASCADE"), index=True)
+    worker_id: Mapped[str] = mapped_column(ForeignKey("workers.id", ondelete="CASCADE"), index=True)
+    model: Mapped[str] = mapped_column(String(255), default="")
+    # processing | ok | censored | faulted | aborted | cancelled
+    state: Mapped[str] = mapped_column(String(16), default="processing")
+    # A paused worker's job: copied from a real request, moves nothing, recorded nowhere.
+    fake: Mapped[bool] = mapped_column(Boolean, default=False)
+    popped_at: Mapped[float] = mapped_column(Float)
+    lease_expires_at: Mapped[float] = mapped_column(Float)
+    submitted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+    text: Mapped[str | None] = mapped_column(Text, nullable=True)
+    seed: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    gen_metadata: Mapped[list[Any] | None] = mapped_column(JsonDoc, nullable=True)
+    tokens: Mapped[int] = mapped_column(Integer, default=0)
+    reward: Mapped[float] = mapped_column(Float, default=0.0)
+    # Shadow record of the speed gate (seed 000): fixed at assignment because speed moves.
+    over_capacity_at_assignment: Mapped[bool] = mapped_column(Boolean, default=False)
+    capacity_at_assignment: Mapped[int] = mapped_column(Integer, default=0)
+    speed_at_assignment: Mapped[float] = mapped_column(Float, default=0.0)
+    # Chat: streamed progress and the submitted message.
+    progress_seq: Mapped[int] = mapped_column(Integer, default=0)
+    progress_content: Mapped[str] = mapped_column(Text, default="")
+    progress_tool_calls: Mapped[list[Any]] = mapped_column(JsonDoc, default=list)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
+    chat_result: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)

@@ -1,0 +1,482 @@
+"""Admission: validate a text or chat request, size its free output allowance, decide whether it
+is free, funded, downgraded or refused, and queue it (behaviour.md §7, seed 003)."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
+from horde_lite.lifecycle import chat as chat_rules
+from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.errors import HordeError
+from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals
+from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
+from horde_lite.lifecycle.users import Requester, check_shared_key
+from horde_lite.metrics import allowance_attributes, wait_attributes
+from horde_lite.policies.protocols import AllowanceInputs
+
+log = logging.getLogger("horde_lite.admission")
+
+Outcome = Literal["free", "funded", "downgraded", "refused"]
+
+
+@dataclass
+class AdmissionSpec:
+    """A request as admission judges it, whichever route it came from."""
+
+    requester: Requester
+    is_chat: bool
+    max_length: int
+    max_context_length: int
+    n: int = 1
+    prompt: str = ""
+    params: dict[str, Any] = field(default_factory=dict)
+    chat: dict[str, Any] | None = None
+    stream: bool = False
+    prompt_tokens: int = 0
+    required_features: list[str] = field(default_factory=list)
+    required_transports: list[str] = field(default_factory=list)
+    models: list[str] = field(default_factory=list)
+    workers: list[str] = field(default_factory=list)
+    worker_deny: list[str] = field(default_factory=list)
+    trusted_workers: bool = False
+    slow_workers: bool = True
+    allow_downgrade: bool = False
+    nsfw: bool = False
+    dry_run: bool = False
+    native_route: bool = True
+    requested_max_length: int = 0
+    context_adjustments: list[dict[str, Any]] = field(default_factory=list)
+    client_agent: str = ""
+
+
+@dataclass(frozen=True)
+class Admission:
+    request_id: str | None
+    kudos: float
+    outcome: Outcome
+    allowance: int
+    max_length: int
+    estimate: Estimate
+    context_adjustments: list[dict[str, Any]]
+    warnings: list[dict[str, str]]
+
+
+# --- building the spec -------------------------------------------------------------------------
+
+
+def _int_param(params: dict[str, Any], name: str, default: int) -> int:
+    value = params.get(name, default)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise HordeError(
+            400, "BadRequest", f"params.{name} must be an integer.", errors={f"params.{name}": "integer"}
+        )
+    return value
+
+
+def legacy_spec(
+    requester: Requester, body: TextRequestInput, horde: Horde, client_agent: str
+) -> AdmissionSpec:
+    """A native-route request without a chat payload (the horde's raw prompt + Kobold params)."""
+    limit = horde.settings.request.max_length_limit
+    params = dict(body.params)
+    n = _int_param(params, "n", 1)
+    max_length = _int_param(params, "max_length", 80)
+    max_context_length = _int_param(params, "max_context_length", 2048)
+    if not body.prompt.strip():
+        raise HordeError(400, "MissingPrompt", "A text request needs a prompt.")
+    if not 1 <= n <= horde.settings.request.max_n:
+        raise HordeError(400, "BadRequest", f"params.n must be between 1 and {horde.settings.request.max_n}.")
+    if not 16 <= max_length <= limit:
+        raise HordeError(400, "BadRequest", f"params.max_length must be between 16 and {limit}.")
+    if max_context_length < 80:
+        raise HordeError(400, "BadRequest", "params.max_context_length must be at least 80.")
+    if max_context_length < max_length:
+        raise HordeError(
+            400,
+            "TokenOverflow",
+            f"max_context_length ({max_context_length}) must be at least max_length ({max_length}).",
+        )
+    params.update(n=n, max_length=max_length, max_context_length=max_context_length)
+    return AdmissionSpec(
+        requester=requester,
+        is_chat=False,
+        prompt=body.prompt,
+        params=params,
+        n=n,
+        max_length=max_length,
+        requested_max_length=max_length,
+        max_context_length=max_context_length,
+        models=_clean_models(body.models),
+        workers=list(dict.fromkeys(body.workers)),
+        worker_deny=_deny_list(body),
+        trusted_workers=body.trusted_workers,
+        slow_workers=body.slow_workers,
+        allow_downgrade=body.allow_downgrade,
+        nsfw=body.nsfw,
+        dry_run=body.dry_run,
+        client_agent=client_agent,
+    )
+
+
+def _clean_models(models: list[str]) -> list[str]:
+    return list(dict.fromkeys(m.strip() for m in models if m and m.strip()))[:50]
+
+
+def _deny_list(body: TextRequestInput) -> list[str]:
+    # Upstream: `worker_blacklist: true` turns `workers` into a deny-list.
+    if body.worker_blacklist is True:
+        return list(body.workers)
+    return list(body.worker_blacklist) if isinstance(body.worker_blacklist, list) else []
+
+
+async def largest_chat_completion(
+    session: AsyncSession, horde: Horde, models: list[str], now: float
+) -> int | None:
+    """The largest max_completion_tokens declared by an online chat worker for these models."""
+    rules = horde.rules(now)
+    query = select(func.max(Worker.chat_max_completion_tokens)).where(
+        Worker.last_check_in >= rules.online_since,
+        Worker.chat_max_completion_tokens.is_not(None),
+        Worker.paused.is_(False),
+    )
+    if models:
+        query = query.where(Worker.id.in_(select(WorkerModel.worker_id).where(WorkerModel.model.in_(models))))
+    return (await session.execute(query)).scalar_one_or_none()
+
+
+async def chat_spec(
+    session: AsyncSession,
+    horde: Horde,
+    requester: Requester,
+    payload: ChatPayload,
+    *,
+    models: list[str],
+    stream: bool = False,
+    dry_run: bool = False,
+    native_route: bool = True,
+    base: TextRequestInput | None = None,
+    client_agent: str = "",
+) -> AdmissionSpec:
+    """A chat request from either route. Its max_tokens is only ever lowered to what an online chat
+    worker for its model declares, and the client is told in `context_adjustments`."""
+    settings = horde.settings
+    limit = settings.request.max_length_limit
+    requested = payload.max_tokens or settings.chat.default_max_tokens
+    if requested > limit:
+        raise HordeError(400, "BadRequest", f"max_tokens must be at most {limit}.", param="max_tokens")
+    bad = chat_rules.bad_image_urls(payload)
+    if bad:
+        raise HordeError(
+            400,
+            "BadRequest",
+            f"image_url must be an http(s) URL or a data: URL; got {bad[0]!r}.",
+            param="messages",
+        )
+    models = _clean_models(models)
+    adjustments: list[dict[str, Any]] = []
+    applied = requested
+    largest = await largest_chat_completion(session, horde, models, horde.clock.now())
+    if largest is not None and requested > largest:
+        applied = largest
+        adjustments.append(
+            {
+                "field": "max_tokens",
+                "requested": requested,
+                "applied": applied,
+                "reason": "lowered to the largest max_completion_tokens declared by an online chat worker "
+                "for the requested model",
+            }
+        )
+    features, transports = chat_rules.requirements(payload)
+    tokens = chat_rules.prompt_tokens(payload)
+    spec = AdmissionSpec(
+        requester=requester,
+        is_chat=True,
+        chat=chat_rules.worker_payload(payload, applied),
+        stream=stream,
+        n=1,
+        max_length=applied,
+        requested_max_length=requested,
+        max_context_length=tokens + applied,
+        prompt_tokens=tokens,
+        required_features=features,
+        required_transports=transports,
+        models=models,
+        dry_run=dry_run,
+        native_route=native_route,
+        context_adjustments=adjustments,
+        client_agent=client_agent,
+        params={"n": 1, "max_length": applied, "max_context_length": tokens + applied},
+    )
+    if base is not None:
+        spec = replace(
+            spec,
+            workers=list(dict.fromkeys(base.workers)),
+            worker_deny=_deny_list(base),
+            trusted_workers=base.trusted_workers,
+            slow_workers=base.slow_workers,
+            nsfw=base.nsfw,
+        )
+    return spec
+
+
+# --- the decision ------------------------------------------------------------------------------
+
+
+async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> None:
+    s = horde.settings.request
+    limit = s.max_waiting_anonymous if spec.requester.user.anonymous else s.max_waiting_per_user
+    waiting = (
+        await session.execute(
+            select(func.count(TextRequest.id)).where(
+                TextRequest.user_id == spec.requester.user.id, TextRequest.state == "waiting"
+            )
+        )
+    ).scalar_one()
+    if waiting >= limit:
+        raise HordeError(
+            429, "TooManyPrompts", f"You already have {waiting} requests waiting (limit {limit})."
+        )
+
+
+async def declaration_gap(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now: float) -> str | None:
+    """Why no online worker can serve `spec`, in the words of what the workers declare."""
+    rules = horde.rules(now)
+    query = select(Worker).where(
+        Worker.last_check_in >= rules.online_since, Worker.paused.is_(False), Worker.maintenance.is_(False)
+    )
+    if spec.models:
+        query = query.where(
+            Worker.id.in_(select(WorkerModel.worker_id).where(WorkerModel.model.in_(spec.models)))
+        )
+    workers = list((await session.execute(query)).scalars())
+    what = ", ".join(spec.models) if spec.models else "any model"
+    if spec.is_chat:
+        workers = [w for w in workers if w.chat_max_completion_tokens is not None]
+    if not workers:
+        kind = "chat worker" if spec.is_chat else "worker"
+        return f"no online {kind} serves {what}"
+    if spec.is_chat:
+        most = max(w.chat_max_completion_tokens or 0 for w in workers)
+        if most < spec.max_length:
+            return _too_long(what, most, spec.max_length)
+        for feature in spec.required_features:
+            if not any(feature in (w.chat_features or []) for w in workers):
+                return f"no online worker for {what} declares {feature}"
+        for transport in spec.required_transports:
+            if not any(transport in (w.chat_image_transports or []) for w in workers):
+                return f"no online worker for {what} accepts {transport} images"
+        most_ctx = max(w.chat_max_context_tokens or 0 for w in workers)
+        need = spec.prompt_tokens + spec.max_length
+        if most_ctx < need:
+            return (
+                f"online workers for {what} declare at most {most_ctx} context tokens; "
+                f"this request needs {need}"
+            )
+        return None
+    most = max(w.max_length for w in workers)
+    if most < spec.max_length:
+        return _too_long(what, most, spec.max_length)
+    most_ctx = max(w.max_context_length for w in workers)
+    if most_ctx < spec.max_context_length:
+        return (
+            f"online workers for {what} declare at most {most_ctx} context tokens; "
+            f"this request asks {spec.max_context_length}"
+        )
+    return None
+
+
+async def _too_long(what: str, most: int, asked: int) -> str:
+    return f"online workers for {what} declare at most {most} tokens; this request asks {asked}"
+
+
+async def _insert(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
+    request_id = str(uuid.uuid4())
+    priority = max(spec.requester.user.kudos, 0.0)
+    row = TextRequest(
+        id=request_id,
+        user_id=spec.requester.user.id,
+        shared_key_hash=spec.requester.shared_key.key_hash if spec.requester.shared_key else None,
+        requester_kind=spec.requester.kind,
+        state="waiting",
+        is_chat=spec.is_chat,
+        stream=spec.stream,
+        prompt=spec.prompt,
+        params=spec.params,
+        chat=spec.chat,
+        max_length=spec.max_length,
+        max_context_length=spec.max_context_length,
+        prompt_tokens=spec.prompt_tokens,
+        required_features=spec.required_features,
+        required_transports=spec.required_transports,
+        any_model=not spec.models,
+        models=spec.models,
+        targeted=bool(spec.workers) and not spec.worker_deny,
+        worker_allow=spec.workers if not spec.worker_deny else [],
+        worker_deny=spec.worker_deny,
+        trusted_workers=spec.trusted_workers,
+        slow_workers=spec.slow_workers,
+        nsfw=spec.nsfw,
+        n_total=spec.n,
+        n_remaining=spec.n,
+        initial_priority=priority,
+        effective_start=now - priority / 5.0,
+        created_at=now,
+        expires_at=now + horde.settings.request.expiry_seconds,
+        requested_max_length=spec.requested_max_length or spec.max_length,
+        context_adjustments=spec.context_adjustments,
+        client_agent=spec.client_agent[:255],
+    )
+    session.add(row)
+    await session.flush()  # the model rows reference it
+    session.add_all(RequestModel(request_id=request_id, model=m) for m in spec.models)
+    return row
+
+
+async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Admission:
+    """Decide and (unless a dry run) queue. Raises HordeError for a refusal; the caller's
+    transaction is rolled back then, so a refused request leaves no row and no hold."""
+    now = horde.clock.now()
+    settings = horde.settings
+    await _too_many(session, horde, spec)
+    cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
+    row = await _insert(session, horde, spec, now)
+    await session.flush()
+    rules = horde.rules(now)
+    est = await estimate(session, row.id, rules)
+    threads, queued = await horde_totals(session, rules)
+    allowance = horde.policies.allowance_curve.allowance(
+        AllowanceInputs(
+            estimated_wait_seconds=est.estimated_wait,
+            competing_jobs=est.competing_jobs,
+            eligible_threads=est.eligible_threads,
+            online_text_threads=threads,
+            queued_text_requests=queued,
+            settings=settings.allowance,
+        )
+    )
+    requester = spec.requester
+    can_pay = await kudos.spendable(session, requester.user, settings.kudos) >= cost
+    over = spec.max_length > allowance
+    outcome: Outcome
+    warnings: list[dict[str, str]] = []
+    if not over and spec.slow_workers:
+        outcome = "free"
+    elif can_pay and _shared_key_can_pay(requester, now, spec, cost):
+        outcome = "funded"
+    elif over and spec.allow_downgrade and spec.native_route and not spec.is_chat:
+        outcome = "downgraded"
+    else:
+        outcome = "refused"
+    if requester.shared_key is not None and outcome != "refused":
+        check_shared_key(requester.shared_key, now, spec.max_length, cost if outcome == "funded" else 0.0)
+    if outcome == "refused":
+        await _refuse(session, horde, spec, est, allowance, cost, now)
+    applied = spec.max_length
+    if outcome == "downgraded":
+        applied = allowance
+        row.max_length = applied
+        row.params = {**row.params, "max_length": applied}
+        row.slow_workers = True
+        row.context_adjustments = [
+            *row.context_adjustments,
+            {
+                "field": "max_length",
+                "requested": spec.max_length,
+                "applied": applied,
+                "reason": "free output allowance",
+            },
+        ]
+        cost = kudos.upfront_cost(applied, spec.n, spec.models, settings.kudos)
+        warnings.append(
+            {
+                "code": "Downgraded",
+                "message": f"max_length lowered from {spec.max_length} to the free output allowance "
+                f"of {allowance} tokens.",
+            }
+        )
+    row.free_allowance = allowance
+    row.allowance_outcome = outcome
+    if outcome == "funded":
+        await kudos.place_hold(session, requester.user.id, row.id, cost, now)
+    if not spec.dry_run:
+        _record(horde, spec, outcome, allowance, est)
+        log.info(
+            "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
+            row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
+        )  # fmt: skip
+    await session.flush()
+    return Admission(
+        request_id=None if spec.dry_run else row.id,
+        kudos=cost,
+        outcome=outcome,
+        allowance=allowance,
+        max_length=applied,
+        estimate=est,
+        context_adjustments=list(row.context_adjustments),
+        warnings=warnings,
+    )
+
+
+def _shared_key_can_pay(requester: Requester, now: float, spec: AdmissionSpec, cost: float) -> bool:
+    shared = requester.shared_key
+    if shared is None or shared.kudos < 0:
+        return True
+    return shared.kudos - shared.utilized >= cost
+
+
+async def _refuse(
+    session: AsyncSession,
+    horde: Horde,
+    spec: AdmissionSpec,
+    est: Estimate,
+    allowance: int,
+    cost: float,
+    now: float,
+) -> None:
+    if not spec.dry_run:
+        _record(horde, spec, "refused", allowance, est)
+    floor = horde.settings.allowance.floor
+    if spec.max_length > floor and est.eligible_workers == 0:
+        gap = await declaration_gap(session, horde, spec, now)
+        detail = f": {gap}" if gap else ""
+        raise HordeError(
+            503, "NoEligibleWorker", f"No online worker can serve this request{detail}.", gap=gap
+        )
+    reason = (
+        "requests that disallow slow workers always need kudos upfront"
+        if not spec.slow_workers and spec.max_length <= allowance
+        else f"the free output allowance for this request is {allowance} tokens and it asks {spec.max_length}"
+    )
+    raise HordeError(
+        403,
+        "KudosUpfront",
+        f"This request needs {cost:.2f} kudos upfront: {reason}. Register and earn kudos by running a "
+        f"worker, or ask for at most {allowance} tokens.",
+        allowance=allowance,
+        kudos=cost,
+    )
+
+
+def _record(horde: Horde, spec: AdmissionSpec, outcome: Outcome, allowance: int, est: Estimate) -> None:
+    metrics = horde.metrics
+    kind = spec.requester.kind
+    metrics.free_allowance_decisions.add(
+        1,
+        allowance_attributes(kind, outcome, spec.max_length, allowance, spec.is_chat),  # type: ignore[arg-type]
+    )
+    if est.estimated_wait is not None:
+        metrics.free_allowance_estimated_wait_seconds.record(
+            est.estimated_wait,
+            wait_attributes(kind, spec.is_chat),  # type: ignore[arg-type]
+        )

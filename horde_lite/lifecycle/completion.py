@@ -1,0 +1,112 @@
+"""Submit: accepted once, from the lease holder; pays the worker's owner, charges the requester,
+measures the worker's lease speed, and ends the request when its last job is in."""
+
+from __future__ import annotations
+
+import logging
+import math
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import Generation, TextRequest, User, Worker
+from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.errors import HordeError
+from horde_lite.lifecycle.inputs import SubmitInput
+from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
+from horde_lite.lifecycle.workers import record_speed_sample
+
+log = logging.getLogger("horde_lite.completion")
+
+
+def count_tokens(text: str, reported: int | None) -> int:
+    """The completion tokens the worker reports, else ceil(len(text) / 4)."""
+    if reported is not None and reported >= 0:
+        return reported
+    return math.ceil(len(text) / 4)
+
+
+async def load_generation_for_worker(
+    session: AsyncSession, user: User, generation_id: str, *, lock: bool = True
+) -> tuple[Generation, Worker, TextRequest]:
+    query = select(Generation).where(Generation.id == generation_id)
+    if lock:
+        query = query.with_for_update()
+    generation = (await session.execute(query)).scalar_one_or_none()
+    if generation is None:
+        raise HordeError(404, "InvalidJobID", f"No processing generation with id {generation_id}.")
+    worker = await session.get(Worker, generation.worker_id)
+    request = await session.get(TextRequest, generation.request_id)
+    assert worker is not None
+    assert request is not None
+    if worker.owner_id != user.id:
+        raise HordeError(403, "WrongCredentials", "This generation belongs to another user's worker.")
+    return generation, worker, request
+
+
+async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitInput) -> float:
+    """Store a worker's result and return its reward."""
+    now = horde.clock.now()
+    generation, worker, request = await load_generation_for_worker(session, user, body.id)
+    if generation.state == "aborted":
+        raise HordeError(
+            400, "AbortedGen", "This generation's lease lapsed; the job was given to another worker."
+        )
+    if generation.state != "processing":
+        raise HordeError(400, "DuplicateGen", "This generation was already submitted.")
+    generation.submitted_at = now
+    if body.state == "faulted":
+        generation.state = "faulted"
+        if not generation.fake:
+            worker.faulted_jobs += 1
+            await give_back(session, horde, request, aborted=False)
+            shadow_outcome(horde, generation, worker, request, "faulted")
+            horde.notifier.notify(request.id)
+        return 0.0
+    text = body.generation
+    reported = None
+    if body.chat is not None:
+        reported = body.chat.usage.get("completion_tokens")
+        content = body.chat.message.get("content")
+        if not text and isinstance(content, str):
+            text = content
+        generation.chat_result = {
+            "message": body.chat.message,
+            "finish_reason": body.chat.finish_reason,
+            "usage": body.chat.usage,
+        }
+    tokens = count_tokens(text, reported)
+    generation.state = "censored" if body.state in ("censored", "csam") else "ok"
+    generation.text = text
+    generation.seed = None if body.seed is None else str(body.seed)
+    generation.gen_metadata = body.gen_metadata
+    generation.tokens = tokens
+    if generation.fake:
+        return 0.0
+    reward = kudos.job_reward(tokens, generation.model, request.max_context_length, horde.settings.kudos)
+    generation.reward = reward
+    charge = await kudos.charge_job(
+        session,
+        requester_id=request.user_id,
+        shared_key_hash=request.shared_key_hash,
+        worker_owner_id=worker.owner_id,
+        request_id=request.id,
+        generation_id=generation.id,
+        reward=reward,
+        now=now,
+    )
+    request.kudos_spent = round(request.kudos_spent + charge, 2)
+    worker.completed_jobs += 1
+    worker.tokens_generated += tokens
+    worker.kudos_earned = round(worker.kudos_earned + reward, 2)
+    record_speed_sample(worker, tokens, now - generation.popped_at, horde.settings)
+    shadow_outcome(horde, generation, worker, request, "completed")
+    await session.flush()
+    await maybe_finish(session, request)
+    horde.notifier.notify(request.id)
+    log.info(
+        "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",
+        generation.id, request.id, worker.id, tokens, reward,
+    )  # fmt: skip
+    return reward

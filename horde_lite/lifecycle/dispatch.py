@@ -1,0 +1,178 @@
+"""The pop: check the worker in, claim a job in one short transaction with every rule in the
+WHERE clause, hand it out with a lease, and write the shadow record of the speed gate."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import case, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
+
+from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.eligibility import eligibility_clauses, request_offered
+from horde_lite.lifecycle.inputs import PopInput
+from horde_lite.lifecycle.workers import check_in
+from horde_lite.metrics import wait_attributes
+from horde_lite.policies.protocols import Assignment, PopCheck
+
+
+@dataclass(frozen=True)
+class Job:
+    request: TextRequest
+    generations: list[Generation]
+    model: str
+    ttl: int
+
+
+async def _candidate(
+    session: AsyncSession, horde: Horde, worker: Worker, now: float, *, fake: bool
+) -> TextRequest | None:
+    """The first request this worker may take, in queue order: its owner's and priority users'
+    requests first, then everyone's by effective start (priority ageing without rewrites)."""
+    rules = horde.rules(now)
+    w = aliased(Worker, name="w")
+    r = TextRequest
+    preferred = [worker.owner_id, *worker.priority_user_ids]
+    query = (
+        select(r)
+        .join(w, w.id == worker.id)
+        .where(*request_offered(r, now), *eligibility_clauses(w, r, rules, ignore_paused=fake))
+        .order_by(case((r.user_id.in_(preferred), 0), else_=1), r.effective_start, r.created_at)
+        .limit(1)
+    )
+    if fake:
+        # A paused worker's job is a copy from other users' requests; nothing is claimed.
+        query = query.where(r.user_id != worker.owner_id)
+    else:
+        query = query.with_for_update(of=r, skip_locked=True)
+    return (await session.execute(query)).scalars().first()
+
+
+async def _job_model(session: AsyncSession, request: TextRequest, worker: Worker) -> str:
+    if request.any_model:
+        return worker.models[0] if worker.models else ""
+    served = set(worker.models)
+    for model in request.models:
+        if model in served:
+            return model
+    row = (
+        await session.execute(
+            select(RequestModel.model).where(RequestModel.request_id == request.id).limit(1)
+        )
+    ).scalar_one_or_none()
+    return row or ""
+
+
+async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) -> tuple[Worker, Job | None]:
+    now = horde.clock.now()
+    settings = horde.settings
+    worker = await check_in(session, owner, body, settings, now)
+    horde.policies.shadow_metrics.on_pop(
+        horde.metrics,
+        PopCheck(
+            worker_id=worker.id,
+            worker_trusted=worker.trusted,
+            capacity=worker.capacity,
+            chat_max_completion_tokens=worker.chat_max_completion_tokens,
+        ),
+    )
+    fake = worker.paused
+    request = await _candidate(session, horde, worker, now, fake=fake)
+    if request is None:
+        return worker, None
+    count = 1 if fake else min(body.amount, request.n_remaining)
+    if not fake:
+        await session.execute(
+            update(TextRequest)
+            .where(TextRequest.id == request.id)
+            .values(
+                n_remaining=TextRequest.n_remaining - count,
+                expires_at=now + settings.request.expiry_seconds,
+            )
+        )
+        await session.refresh(request)
+    lease = settings.lease.base_seconds
+    model = await _job_model(session, request, worker)
+    speed = worker.lease_speed if worker.lease_speed is not None else settings.speed.assumed_tokens_per_second
+    over = request.max_length > worker.capacity
+    generations = [
+        Generation(
+            id=str(uuid.uuid4()),
+            request_id=request.id,
+            worker_id=worker.id,
+            model=model,
+            state="processing",
+            fake=fake,
+            popped_at=now,
+            lease_expires_at=now + lease,
+            over_capacity_at_assignment=over and not fake,
+            capacity_at_assignment=worker.capacity,
+            speed_at_assignment=speed,
+            progress_tool_calls=[],
+        )
+        for _ in range(count)
+    ]
+    session.add_all(generations)
+    await session.flush()
+    if not fake:
+        for generation in generations:
+            horde.policies.shadow_metrics.on_assignment(
+                horde.metrics,
+                Assignment(
+                    generation_id=generation.id,
+                    request_id=request.id,
+                    worker_id=worker.id,
+                    worker_trusted=worker.trusted,
+                    is_chat=request.is_chat,
+                    max_length=request.max_length,
+                    capacity=worker.capacity,
+                    speed=speed,
+                    over_capacity=over,
+                ),
+            )
+            horde.metrics.queue_wait_seconds.record(
+                max(0.0, now - request.created_at),
+                wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
+            )
+        horde.notifier.notify(request.id)
+    return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
+
+
+def job_answer(job: Job) -> dict[str, Any]:
+    """The pop answer for a job (upstream shape; chat jobs add `kind`, `stream` and the messages)."""
+    request = job.request
+    ids = [g.id for g in job.generations]
+    base: dict[str, Any] = {"id": ids[0], "ids": ids, "model": job.model, "ttl": job.ttl, "skipped": {}}
+    if request.is_chat:
+        return {**base, "kind": "chat", "stream": request.stream, "payload": dict(request.chat or {})}
+    payload = {**request.params, "prompt": request.prompt, "n": len(ids)}
+    payload.setdefault("max_length", request.max_length)
+    payload["max_length"] = request.max_length
+    return {**base, "kind": "text", "payload": payload, "softprompt": None}
+
+
+async def skipped_reasons(session: AsyncSession, horde: Horde, worker: Worker) -> dict[str, int]:
+    """Why nothing was offered, counted over waiting requests (upstream's `skipped`), cheaply."""
+    now = horde.clock.now()
+    r = TextRequest
+    rows = (
+        await session.execute(
+            select(r.max_length, r.max_context_length, r.is_chat).where(*request_offered(r, now)).limit(200)
+        )
+    ).all()
+    skipped: dict[str, int] = {}
+    for max_length, max_context_length, is_chat in rows:
+        if is_chat:
+            continue  # upstream's `skipped` has no key for chat; its fields are all Kobold's
+        if max_length > worker.max_length:
+            key = "max_length"
+        elif max_context_length > worker.max_context_length:
+            key = "max_context_length"
+        else:
+            continue
+        skipped[key] = skipped.get(key, 0) + 1
+    return skipped

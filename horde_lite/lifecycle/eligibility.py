@@ -1,0 +1,255 @@
+"""One eligibility check: "could worker W take request R now" (behaviour.md §4-6).
+
+It exists as SQL clauses over a worker row and a request row (read by the pop, the status route,
+worker availability and the wait estimate) and as a Python mirror over plain facts (read where a
+single pair is judged, and by the property tests that prove the two agree). The speed gate's two
+halves come from the selected policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sqlalchemy import and_, exists, func, not_, or_, select, true
+from sqlalchemy.orm import aliased
+from sqlalchemy.sql.elements import ColumnElement
+
+from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
+from horde_lite.db.sqltypes import TextArrayContainsAll, TextArrayHas
+from horde_lite.policies.protocols import GateInputs, GateSql, SpeedGate
+from horde_lite.settings import Settings
+
+WorkerRow = type[Worker]  # the mapped class or an alias of it
+RequestRow = type[TextRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What the clauses need besides the two rows: the time and the settings in force."""
+
+    now: float
+    online_seconds: float
+    assumed_speed: float
+    slow_speed: float
+    generation_window: float
+    gate: SpeedGate
+
+    @classmethod
+    def from_settings(cls, settings: Settings, gate: SpeedGate, now: float) -> Rules:
+        return cls(
+            now=now,
+            online_seconds=settings.worker.online_seconds,
+            assumed_speed=settings.speed.assumed_tokens_per_second,
+            slow_speed=settings.worker.slow_tokens_per_second,
+            generation_window=settings.lease.generation_window_seconds,
+            gate=gate,
+        )
+
+    @property
+    def online_since(self) -> float:
+        return self.now - self.online_seconds
+
+
+# --- SQL ---------------------------------------------------------------------------------------
+
+
+def worker_online(w: WorkerRow, rules: Rules) -> ColumnElement[bool]:
+    return w.last_check_in >= rules.online_since
+
+
+def worker_speed(w: WorkerRow, rules: Rules) -> ColumnElement[float]:
+    return func.coalesce(w.lease_speed, rules.assumed_speed)
+
+
+def serves_request_models(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
+    wm = aliased(WorkerModel)
+    rm = aliased(RequestModel)
+    overlap = exists(
+        select(1)
+        .select_from(rm)
+        .join(wm, wm.model == rm.model)
+        .where(rm.request_id == r.id, wm.worker_id == w.id)
+    )
+    return or_(r.any_model, overlap)
+
+
+def chat_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
+    return and_(
+        w.chat_max_completion_tokens.is_not(None),
+        w.chat_max_completion_tokens >= r.max_length,
+        w.chat_max_context_tokens >= r.prompt_tokens + r.max_length,
+        TextArrayContainsAll(w.chat_features, r.required_features),
+        TextArrayContainsAll(w.chat_image_transports, r.required_transports),
+    )
+
+
+def legacy_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
+    return and_(w.max_length >= r.max_length, w.max_context_length >= r.max_context_length)
+
+
+def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
+    """The request's own choice of workers: allow-list, deny-list, trusted owners only."""
+    return and_(
+        or_(not_(r.targeted), TextArrayHas(r.worker_allow, w.id)),
+        not_(TextArrayHas(r.worker_deny, w.id)),
+        or_(not_(r.trusted_workers), w.trusted),
+    )
+
+
+def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> list[ColumnElement[bool]]:
+    """A worker that can finish chat request `r` inside the base lease (seed 000)."""
+    return [
+        worker_online(cw, rules),
+        not_(cw.maintenance),
+        not_(cw.paused),
+        serves_request_models(cw, r),
+        chat_limits_admit(cw, r),
+        targeting_admits(cw, r),
+        cw.capacity >= r.max_length,
+    ]
+
+
+def capable_worker_online(r: RequestRow, rules: Rules) -> ColumnElement[bool]:
+    cw = aliased(Worker, name="capable_worker")
+    return exists(select(1).select_from(cw).where(*capable_chat_worker_clauses(cw, r, rules)))
+
+
+def text_wp_speed_gate_clause(w: WorkerRow, r: RequestRow, rules: Rules) -> ColumnElement[bool]:
+    return rules.gate.text_wp_speed_gate_clause(
+        GateSql(
+            is_chat=r.is_chat,
+            max_length=r.max_length,
+            capacity=w.capacity,
+            capable_worker_online=lambda: capable_worker_online(r, rules),
+        )
+    )
+
+
+def eligibility_clauses(
+    w: WorkerRow, r: RequestRow, rules: Rules, *, ignore_paused: bool = False, gate: bool = True
+) -> list[ColumnElement[bool]]:
+    """Every rule for (w, r) except the request's own queue state. `ignore_paused` serves a paused
+    worker's fake jobs, which are copied from requests it would otherwise get."""
+    return [
+        worker_online(w, rules),
+        true() if ignore_paused else not_(w.paused),
+        or_(not_(w.maintenance), r.user_id == w.owner_id),
+        serves_request_models(w, r),
+        or_(and_(r.is_chat, chat_limits_admit(w, r)), and_(not_(r.is_chat), legacy_limits_admit(w, r))),
+        targeting_admits(w, r),
+        or_(r.slow_workers, worker_speed(w, rules) >= rules.slow_speed),
+        or_(not_(r.nsfw), w.nsfw),
+        text_wp_speed_gate_clause(w, r, rules) if gate else true(),
+    ]
+
+
+def request_offered(r: RequestRow, now: float) -> list[ColumnElement[bool]]:
+    """A request a pop may take a job from."""
+    return [r.state == "waiting", r.n_remaining > 0, r.expires_at > now]
+
+
+# --- Python mirror -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerFacts:
+    id: str
+    owner_id: int
+    last_check_in: float
+    models: frozenset[str]
+    max_length: int
+    max_context_length: int
+    capacity: int
+    lease_speed: float | None = None
+    trusted: bool = False
+    nsfw: bool = True
+    maintenance: bool = False
+    paused: bool = False
+    chat_max_completion_tokens: int | None = None
+    chat_max_context_tokens: int | None = None
+    chat_features: frozenset[str] = field(default_factory=frozenset)
+    chat_image_transports: frozenset[str] = field(default_factory=frozenset)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestFacts:
+    user_id: int
+    is_chat: bool
+    max_length: int
+    max_context_length: int
+    prompt_tokens: int = 0
+    models: frozenset[str] = field(default_factory=frozenset)
+    required_features: frozenset[str] = field(default_factory=frozenset)
+    required_transports: frozenset[str] = field(default_factory=frozenset)
+    worker_allow: frozenset[str] = field(default_factory=frozenset)
+    worker_deny: frozenset[str] = field(default_factory=frozenset)
+    trusted_workers: bool = False
+    slow_workers: bool = True
+    nsfw: bool = False
+
+
+def _serves(w: WorkerFacts, r: RequestFacts) -> bool:
+    return not r.models or bool(w.models & r.models)
+
+
+def _chat_limits(w: WorkerFacts, r: RequestFacts) -> bool:
+    return (
+        w.chat_max_completion_tokens is not None
+        and w.chat_max_context_tokens is not None
+        and w.chat_max_completion_tokens >= r.max_length
+        and w.chat_max_context_tokens >= r.prompt_tokens + r.max_length
+        and r.required_features <= w.chat_features
+        and r.required_transports <= w.chat_image_transports
+    )
+
+
+def _targeting(w: WorkerFacts, r: RequestFacts) -> bool:
+    return (
+        (not r.worker_allow or w.id in r.worker_allow)
+        and w.id not in r.worker_deny
+        and (not r.trusted_workers or w.trusted)
+    )
+
+
+def is_capable(w: WorkerFacts, r: RequestFacts, rules: Rules) -> bool:
+    return (
+        w.last_check_in >= rules.online_since
+        and not w.maintenance
+        and not w.paused
+        and _serves(w, r)
+        and _chat_limits(w, r)
+        and _targeting(w, r)
+        and w.capacity >= r.max_length
+    )
+
+
+def can_generate_with_eligibility_inputs(gate: SpeedGate, inputs: GateInputs) -> bool:
+    return gate.can_generate_with_eligibility_inputs(inputs)
+
+
+def is_eligible(w: WorkerFacts, r: RequestFacts, fleet: list[WorkerFacts], rules: Rules) -> bool:
+    """The Python twin of `eligibility_clauses` (gate included); `fleet` is every known worker."""
+    speed = w.lease_speed if w.lease_speed is not None else rules.assumed_speed
+    limits = (
+        _chat_limits(w, r)
+        if r.is_chat
+        else (w.max_length >= r.max_length and w.max_context_length >= r.max_context_length)
+    )
+    if not (
+        w.last_check_in >= rules.online_since
+        and not w.paused
+        and (not w.maintenance or r.user_id == w.owner_id)
+        and _serves(w, r)
+        and limits
+        and _targeting(w, r)
+        and (r.slow_workers or speed >= rules.slow_speed)
+        and (not r.nsfw or w.nsfw)
+    ):
+        return False
+    inputs = GateInputs(
+        is_chat=r.is_chat,
+        max_length=r.max_length,
+        capacity=w.capacity,
+        capable_worker_online=any(is_capable(c, r, rules) for c in fleet),
+    )
+    return can_generate_with_eligibility_inputs(rules.gate, inputs)

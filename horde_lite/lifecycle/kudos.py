@@ -1,0 +1,145 @@
+"""Kudos: an append-only ledger, upfront holds, and upstream's text price and reward rules.
+
+Every change of a balance is a `kudos_events` row written in the same transaction as the change it
+pays for; `users.kudos` is their sum, moved only here.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from sqlalchemy import func, select, update
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, User
+from horde_lite.settings import KudosSettings
+
+_PARAMS_IN_NAME = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])")
+
+
+def hold_key(request_id: str) -> str:
+    return f"upfront:{request_id}"
+
+
+def parameters_billion(model: str, settings: KudosSettings) -> float | None:
+    """The model's parameter count: the operator's reference first, then a `12B` in its name."""
+    if model in settings.models:
+        return settings.models[model]
+    short = model.rsplit("/", 1)[-1]
+    if short in settings.models:
+        return settings.models[short]
+    found = _PARAMS_IN_NAME.findall(short)
+    return float(found[-1]) if found else None
+
+
+def largest_parameters(models: list[str], settings: KudosSettings) -> float | None:
+    sizes = [b for b in (parameters_billion(m, settings) for m in models) if b is not None]
+    if sizes:
+        return max(sizes)
+    return settings.default_parameters_billion if models else None
+
+
+def upfront_cost(max_length: int, n: int, models: list[str], settings: KudosSettings) -> float:
+    """Upstream's estimate: round(max_length x B / 21, 2) per job; 20 per job without models."""
+    b = largest_parameters(models, settings)
+    if b is None:
+        return 20.0 * n
+    return round(max_length * b / 21, 2) * n
+
+
+def context_multiplier(max_context_length: int) -> float:
+    value = 1.2 + 2.2 ** math.log2(max(max_context_length, 1) / 1024)
+    return min(max(value, 0.1), 30.0)
+
+
+def job_reward(tokens: int, model: str, max_context_length: int, settings: KudosSettings) -> float:
+    """What the worker's owner earns for one job; the requester pays this plus 1."""
+    b = parameters_billion(model, settings) or settings.default_parameters_billion
+    reward = tokens * (max(b, 13) / 13) ** 0.2 * b / 125 * context_multiplier(max_context_length)
+    return round(reward, 2)
+
+
+def account_floor(user: User, settings: KudosSettings) -> float:
+    return settings.anonymous_floor if user.anonymous else settings.registered_floor
+
+
+async def active_holds(session: AsyncSession, user_id: int) -> float:
+    total = await session.execute(
+        select(func.coalesce(func.sum(KudosHold.remaining), 0.0)).where(
+            KudosHold.user_id == user_id, KudosHold.active.is_(True)
+        )
+    )
+    return float(total.scalar_one())
+
+
+async def spendable(session: AsyncSession, user: User, settings: KudosSettings) -> float:
+    return user.kudos - account_floor(user, settings) - await active_holds(session, user.id)
+
+
+async def record(session: AsyncSession, user_id: int, amount: float, kind: str, ref: str, now: float) -> None:
+    """Append a ledger event and move the materialised balance with it, atomically in SQL."""
+    session.add(KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now))
+    await session.execute(update(User).where(User.id == user_id).values(kudos=User.kudos + amount))
+
+
+async def place_hold(session: AsyncSession, user_id: int, request_id: str, amount: float, now: float) -> None:
+    session.add(
+        KudosHold(
+            key=hold_key(request_id),
+            user_id=user_id,
+            request_id=request_id,
+            amount=amount,
+            remaining=amount,
+            active=True,
+            created_at=now,
+        )
+    )
+
+
+async def consume_hold(session: AsyncSession, request_id: str, charged: float) -> None:
+    """A charged job uses up that much of its request's hold (never below zero)."""
+    hold = await session.get(KudosHold, hold_key(request_id))
+    if hold is not None and hold.active:
+        hold.remaining = max(0.0, round(hold.remaining - charged, 2))
+
+
+async def release_hold(session: AsyncSession, request_id: str) -> None:
+    await session.execute(
+        update(KudosHold)
+        .where(KudosHold.key == hold_key(request_id), KudosHold.active.is_(True))
+        .values(active=False, remaining=0.0)
+    )
+
+
+async def charge_job(
+    session: AsyncSession,
+    *,
+    requester_id: int,
+    shared_key_hash: str | None,
+    worker_owner_id: int,
+    request_id: str,
+    generation_id: str,
+    reward: float,
+    now: float,
+) -> float:
+    """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. Returns the charge."""
+    charge = round(reward + 1, 2)
+    await record(session, worker_owner_id, reward, "reward", generation_id, now)
+    await record(session, requester_id, -charge, "charge", generation_id, now)
+    if shared_key_hash is not None:
+        await session.execute(
+            update(SharedKey)
+            .where(SharedKey.key_hash == shared_key_hash)
+            .values(utilized=SharedKey.utilized + charge)
+        )
+    await consume_hold(session, request_id, charge)
+    return charge
+
+
+async def ledger_balance(session: AsyncSession, user_id: int) -> float:
+    """The balance as the ledger's sum; equals `users.kudos` (tests reconcile the two)."""
+    total = await session.execute(
+        select(func.coalesce(func.sum(KudosEvent.amount), 0.0)).where(KudosEvent.user_id == user_id)
+    )
+    return float(total.scalar_one())

@@ -1,0 +1,87 @@
+"""Leases: progress posts extend a streaming chat job's lease; a lapsed lease aborts the job and
+gives it back; the sweep finds lapses and expired requests (behaviour.md §2-3)."""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy import delete, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
+from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
+
+log = logging.getLogger("horde_lite.lease")
+
+
+async def lapse(
+    session: AsyncSession, horde: Horde, generation: Generation, worker: Worker, request: TextRequest
+) -> None:
+    """Abort one generation whose lease ran out: the job is delayed, not lost."""
+    generation.state = "aborted"
+    if generation.fake:
+        return
+    worker.aborted_jobs += 1
+    await give_back(session, horde, request, aborted=True)
+    shadow_outcome(horde, generation, worker, request, "aborted")
+    horde.notifier.notify(request.id)
+    log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
+
+
+async def lapse_expired(
+    session: AsyncSession,
+    horde: Horde,
+    now: float,
+    request_id: str | None = None,
+    generation_id: str | None = None,
+) -> int:
+    """Abort every processing generation whose lease has lapsed (optionally of one request or one
+    generation: reads that depend on a lapse honour it between two sweeps)."""
+    query = (
+        select(Generation)
+        .where(Generation.state == "processing", Generation.lease_expires_at < now)
+        .order_by(Generation.lease_expires_at)
+        .limit(500)
+        .with_for_update(skip_locked=True)
+    )
+    if request_id is not None:
+        query = query.where(Generation.request_id == request_id)
+    if generation_id is not None:
+        query = query.where(Generation.id == generation_id)
+    generations = list((await session.execute(query)).scalars())
+    for generation in generations:
+        worker = await session.get(Worker, generation.worker_id)
+        request = await session.get(TextRequest, generation.request_id)
+        if worker is not None and request is not None:
+            await lapse(session, horde, generation, worker, request)
+    await session.flush()
+    return len(generations)
+
+
+async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> int:
+    """Remove requests past their expiry with nothing running, with their results; release holds."""
+    candidates = (
+        await session.execute(select(TextRequest.id).where(TextRequest.expires_at < now).limit(500))
+    ).scalars()
+    removed = 0
+    for request_id in list(candidates):
+        if await processing_count(session, request_id) > 0:
+            continue
+        await kudos.release_hold(session, request_id)
+        await session.execute(delete(Generation).where(Generation.request_id == request_id))
+        await session.execute(delete(RequestModel).where(RequestModel.request_id == request_id))
+        await session.execute(delete(TextRequest).where(TextRequest.id == request_id))
+        horde.notifier.notify(request_id)
+        removed += 1
+    return removed
+
+
+async def sweep(horde: Horde) -> tuple[int, int]:
+    """One pass of the periodic sweep, in its own short transaction."""
+    now = horde.clock.now()
+    async with horde.sessionmaker() as session, session.begin():
+        lapsed = await lapse_expired(session, horde, now)
+        expired = await expire_requests(session, horde, now)
+    return lapsed, expired

@@ -1,0 +1,72 @@
+"""The end of jobs and requests: settle a stored submit, give back a faulted or lapsed job, finish
+a request and release what is left of its hold. Shared by submit, the lease sweep and cancel."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import Generation, TextRequest, Worker
+from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle.context import Horde
+from horde_lite.policies.protocols import Outcome
+
+
+async def processing_count(session: AsyncSession, request_id: str) -> int:
+    return (
+        await session.execute(
+            select(func.count(Generation.id)).where(
+                Generation.request_id == request_id,
+                Generation.state == "processing",
+                Generation.fake.is_(False),
+            )
+        )
+    ).scalar_one()
+
+
+async def maybe_finish(session: AsyncSession, request: TextRequest) -> None:
+    """A request with nothing left to hand out and nothing running is over: release its hold."""
+    if request.state == "waiting" and request.n_remaining > 0:
+        return
+    if await processing_count(session, request.id) > 0:
+        return
+    if request.state == "waiting":
+        request.state = "done"
+    await kudos.release_hold(session, request.id)
+
+
+async def give_back(session: AsyncSession, horde: Horde, request: TextRequest, *, aborted: bool) -> None:
+    """A lapsed or faulted job returns to its request (n += 1); too many failures fault it."""
+    request.failures += 1
+    if aborted:
+        request.restarts += 1
+    if request.state != "waiting":
+        await maybe_finish(session, request)
+        return
+    if request.failures > horde.settings.request.max_failures:
+        request.state = "faulted"
+        request.n_remaining = 0
+        await maybe_finish(session, request)
+        return
+    request.n_remaining += 1
+
+
+def shadow_outcome(
+    horde: Horde, generation: Generation, worker: Worker, request: TextRequest, outcome: str
+) -> None:
+    if not generation.over_capacity_at_assignment or generation.fake:
+        return
+    service = None
+    if outcome == "completed" and generation.submitted_at is not None:
+        service = generation.submitted_at - generation.popped_at
+    horde.policies.shadow_metrics.on_outcome(
+        horde.metrics,
+        Outcome(
+            generation_id=generation.id,
+            worker_trusted=worker.trusted,
+            is_chat=request.is_chat,
+            max_length=request.max_length,
+            outcome=outcome,
+            service_seconds=service,
+        ),
+    )

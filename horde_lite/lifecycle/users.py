@@ -1,0 +1,148 @@
+"""Users, API keys and shared keys. Keys are stored as SHA-256 hashes, never in clear."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+import uuid
+from dataclasses import dataclass
+
+from sqlalchemy import func, select
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import SharedKey, User, Worker
+from horde_lite.lifecycle.errors import HordeError
+
+ANONYMOUS_KEY = "0000000000"
+ANONYMOUS_NAME = "Anonymous"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_api_key() -> str:
+    """22 characters: the horde-sdk refuses any other length (except UUIDs and the anonymous key)."""
+    return secrets.token_urlsafe(16)
+
+
+def display_name(user: User) -> str:
+    return f"{user.username}#{user.id}"
+
+
+@dataclass(frozen=True, slots=True)
+class Requester:
+    """Who is asking: the paying user, and the shared key they came through, if any."""
+
+    user: User
+    shared_key: SharedKey | None = None
+
+    @property
+    def kind(self) -> str:
+        if self.shared_key is not None:
+            return "shared_key"
+        return "anonymous" if self.user.anonymous else "registered"
+
+
+async def ensure_anonymous(session: AsyncSession, now: float) -> User:
+    user = (await session.execute(select(User).where(User.anonymous.is_(True)))).scalar_one_or_none()
+    if user is None:
+        user = User(
+            username=ANONYMOUS_NAME, api_key_hash=hash_key(ANONYMOUS_KEY), anonymous=True, created_at=now
+        )
+        session.add(user)
+        await session.flush()
+    return user
+
+
+async def create_user(
+    session: AsyncSession, username: str, now: float, *, trusted: bool = False, moderator: bool = False
+) -> tuple[User, str]:
+    """Create a user and return it with its new key (shown once; only the hash is kept)."""
+    username = username.strip()
+    if not username or len(username) > 100:
+        raise HordeError(400, "BadRequest", "A username must be 1 to 100 characters.")
+    exists = await session.execute(select(User.id).where(User.username == username))
+    if exists.first() is not None:
+        raise HordeError(400, "BadRequest", f"A user named {username!r} already exists.")
+    key = new_api_key()
+    user = User(
+        username=username, api_key_hash=hash_key(key), trusted=trusted, moderator=moderator, created_at=now
+    )
+    session.add(user)
+    await session.flush()
+    return user, key
+
+
+async def find_by_name(session: AsyncSession, username: str) -> User:
+    name, _, uid = username.partition("#")
+    query = (
+        select(User).where(User.id == int(uid))
+        if uid.isdigit()
+        else select(User).where(User.username == name)
+    )
+    user = (await session.execute(query)).scalar_one_or_none()
+    if user is None:
+        raise HordeError(404, "UserNotFound", f"No user named {username!r}.")
+    return user
+
+
+async def authenticate(session: AsyncSession, apikey: str | None, now: float) -> Requester:
+    """Resolve an `apikey` header: a user's key, a shared key, or the anonymous key (the default)."""
+    if not apikey or apikey == ANONYMOUS_KEY:
+        return Requester(await ensure_anonymous(session, now))
+    digest = hash_key(apikey)
+    user = (await session.execute(select(User).where(User.api_key_hash == digest))).scalar_one_or_none()
+    if user is not None:
+        return Requester(user)
+    shared = (
+        await session.execute(select(SharedKey).where(SharedKey.key_hash == digest))
+    ).scalar_one_or_none()
+    if shared is not None:
+        owner = await session.get(User, shared.user_id)
+        assert owner is not None
+        return Requester(owner, shared)
+    raise HordeError(401, "InvalidAPIKey", "No user matched the provided API key.")
+
+
+async def authenticate_user(session: AsyncSession, apikey: str | None, now: float) -> User:
+    """A registered user's own key: what workers, shared-key management and moderation need."""
+    requester = await authenticate(session, apikey, now)
+    if requester.shared_key is not None:
+        raise HordeError(
+            403, "WrongCredentials", "A shared key cannot be used for this; use the owner's key."
+        )
+    return requester.user
+
+
+def check_shared_key(shared: SharedKey, now: float, max_length: int, cost: float) -> None:
+    """The shared key's own limits: expiry, token cap and kudos budget."""
+    if shared.expiry is not None and shared.expiry <= now:
+        raise HordeError(403, "SharedKeyExpired", "This shared key has expired.")
+    if shared.kudos >= 0 and shared.utilized >= shared.kudos:
+        raise HordeError(403, "SharedKeyEmpty", "This shared key has no kudos left.")
+    if shared.max_text_tokens >= 0 and max_length > shared.max_text_tokens:
+        raise HordeError(
+            403,
+            "SharedKeyInsufficientKudos",
+            f"This shared key allows at most {shared.max_text_tokens} tokens per request; "
+            f"this request asks {max_length}.",
+        )
+    if shared.kudos >= 0 and cost > shared.kudos - shared.utilized:
+        raise HordeError(
+            403,
+            "SharedKeyInsufficientKudos",
+            f"This shared key has {shared.kudos - shared.utilized:.2f} kudos left; "
+            f"this request needs {cost:.2f}.",
+        )
+
+
+async def worker_count(session: AsyncSession, user_id: int) -> int:
+    return (
+        await session.execute(select(func.count(Worker.id)).where(Worker.owner_id == user_id))
+    ).scalar_one()
+
+
+def new_shared_key() -> str:
+    """Shared keys are UUIDs: the key is also the id a client pastes as its API key (upstream)."""
+    return str(uuid.uuid4())

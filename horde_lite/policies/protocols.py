@@ -1,0 +1,125 @@
+"""What a policy plugin supplies. A policy class may be a frozen msgspec Struct whose fields are
+its options: `[policies.<kind>.options]` in litestar.toml is converted into it, so a wrong option
+names the exact key at start-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from sqlalchemy.sql.elements import ColumnElement
+
+from horde_lite.metrics import Metrics
+from horde_lite.settings import AllowanceSettings
+
+KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
+
+
+# --- speed gate --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GateInputs:
+    """What the gate decides on for one (worker, request) pair, in Python."""
+
+    is_chat: bool
+    max_length: int
+    capacity: int
+    capable_worker_online: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GateSql:
+    """The same inputs as SQL expressions, inside a query over a worker and a request row.
+
+    `capable_worker_online()` builds the correlated EXISTS over capable workers for the request;
+    a policy that does not call it adds no subquery to the pop.
+    """
+
+    is_chat: ColumnElement[bool]
+    max_length: ColumnElement[int]
+    capacity: ColumnElement[int]
+    capable_worker_online: Callable[[], ColumnElement[bool]]
+
+
+@runtime_checkable
+class SpeedGate(Protocol):
+    """Both halves of one offer rule; the contract test (horde_lite.policies.contract) proves
+    they agree on SQLite and PostgreSQL."""
+
+    def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool: ...
+
+    def text_wp_speed_gate_clause(self, sql: GateSql) -> ColumnElement[bool]: ...
+
+
+# --- allowance curve ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AllowanceInputs:
+    """What a curve may read, measured once when the request is created."""
+
+    estimated_wait_seconds: float | None  # None: no eligible worker
+    competing_jobs: int  # jobs ahead that the request's eligible workers could take
+    eligible_threads: int
+    online_text_threads: int  # horde-wide
+    queued_text_requests: int  # horde-wide
+    settings: AllowanceSettings
+
+
+@runtime_checkable
+class AllowanceCurve(Protocol):
+    def allowance(self, inputs: AllowanceInputs) -> int: ...
+
+
+# --- shadow metrics ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    generation_id: str
+    request_id: str
+    worker_id: str
+    worker_trusted: bool
+    is_chat: bool
+    max_length: int
+    capacity: int
+    speed: float
+    over_capacity: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """The end of a job that was over capacity at assignment."""
+
+    generation_id: str
+    worker_trusted: bool
+    is_chat: bool
+    max_length: int
+    outcome: str  # completed | faulted | aborted
+    service_seconds: float | None  # pop to submit, for completed jobs
+
+
+@dataclass(frozen=True, slots=True)
+class PopCheck:
+    worker_id: str
+    worker_trusted: bool
+    capacity: int
+    chat_max_completion_tokens: int | None
+
+
+@runtime_checkable
+class ShadowMetrics(Protocol):
+    def on_assignment(self, metrics: Metrics, assignment: Assignment) -> None: ...
+
+    def on_outcome(self, metrics: Metrics, outcome: Outcome) -> None: ...
+
+    def on_pop(self, metrics: Metrics, pop: PopCheck) -> None: ...
+
+
+PROTOCOLS: dict[str, type[Any]] = {
+    "speed_gate": SpeedGate,
+    "allowance_curve": AllowanceCurve,
+    "shadow_metrics": ShadowMetrics,
+}

@@ -1,0 +1,16 @@
+"""enforce_all: ADR 0038's rule for every text job: refuse any request over the worker's capacity."""
+
+from __future__ import annotations
+
+import msgspec
+from sqlalchemy.sql.elements import ColumnElement
+
+from horde_lite.policies.protocols import GateInputs, GateSql
+
+
+class EnforceAll(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
+        return inputs.max_length <= inputs.capacity
+
+    def text_wp_speed_gate_clause(self, sql: GateSql) -> ColumnElement[bool]:
+        return sql.max_length <= sql.capacity
