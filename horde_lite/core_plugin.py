@@ -55,7 +55,9 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         if await migrate.current(url) not in migrate.heads():
             log.info("database is behind: applying migrations")
             await asyncio.to_thread(migrate.upgrade, url)
-        engine = make_engine(url, echo=self.settings.database.echo)
+        engine = make_engine(
+            url, echo=self.settings.database.echo, null_pool=self.settings.database.null_pool
+        )
         horde = Horde(
             settings=self.settings,
             policies=self.policies,

@@ -26,6 +26,9 @@ class _Table(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
 class DatabaseSettings(_Table):
     url: str = "sqlite+aiosqlite:///horde_lite.db"
     echo: bool = False
+    # No connection pool: each transaction opens its own connection (tests drive one app from two
+    # event loops; a pooled asyncpg connection belongs to the loop that opened it).
+    null_pool: bool = False
 
 
 class LeaseSettings(_Table):

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession  # re-export for the layers above
+from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 
@@ -20,11 +21,13 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def make_engine(url: str, echo: bool = False) -> AsyncEngine:
+def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> AsyncEngine:
     kwargs: dict[str, Any] = {"echo": echo}
     if is_sqlite(url):
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
-    else:
+    if null_pool:
+        kwargs["poolclass"] = NullPool
+    elif not is_sqlite(url):
         kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
     engine = create_async_engine(url, **kwargs)
     if is_sqlite(url):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, Response, delete, get, post
+from litestar.params import FromPath
 
 from horde_lite.api.common import apikey_of, client_agent_of, decode, horde_of, transaction
 from horde_lite.lifecycle import admission, completion, dispatch, lease
@@ -57,14 +58,14 @@ async def _admit(request: Req, body: TextRequestInput) -> tuple[admission.Admiss
 
 
 @get("/generate/text/status/{request_id:str}")
-async def get_status(request: Req, request_id: str) -> dict[str, Any]:
+async def get_status(request: Req, request_id: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     async with transaction(horde) as session:
         return await status_rules.status(session, horde, request_id)
 
 
 @delete("/generate/text/status/{request_id:str}", status_code=200)
-async def cancel_request(request: Req, request_id: str) -> dict[str, Any]:
+async def cancel_request(request: Req, request_id: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     async with transaction(horde) as session:
         await status_rules.cancel(session, horde, request_id)

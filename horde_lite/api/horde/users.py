@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, delete, get, patch, post
+from litestar.params import FromPath
 
 from horde_lite.api.common import apikey_of, decode, horde_of, transaction
 from horde_lite.lifecycle import sharedkeys
@@ -40,14 +41,14 @@ async def create_shared_key(request: Req) -> dict[str, Any]:
 
 
 @get("/sharedkeys/{key:str}")
-async def show_shared_key(request: Req, key: str) -> dict[str, Any]:
+async def show_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     async with transaction(horde) as session:
         return await sharedkeys.show(session, key)
 
 
 @patch("/sharedkeys/{key:str}")
-async def change_shared_key(request: Req, key: str) -> dict[str, Any]:
+async def change_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     body = await decode(request, SharedKeyInput)
     async with transaction(horde) as session:
@@ -56,7 +57,7 @@ async def change_shared_key(request: Req, key: str) -> dict[str, Any]:
 
 
 @delete("/sharedkeys/{key:str}", status_code=200)
-async def delete_shared_key(request: Req, key: str) -> dict[str, Any]:
+async def delete_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     async with transaction(horde) as session:
         owner = await authenticate_user(session, apikey_of(request), horde.clock.now())

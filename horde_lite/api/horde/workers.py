@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request, get, put
+from litestar.params import FromPath
 from sqlalchemy import select
 
 from horde_lite.api.common import apikey_of, decode, horde_of, transaction
@@ -29,14 +30,14 @@ async def list_workers(request: Req) -> list[dict[str, Any]]:
 
 
 @get("/workers/{worker_id:str}")
-async def show_worker(request: Req, worker_id: str) -> dict[str, Any]:
+async def show_worker(request: Req, worker_id: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     async with transaction(horde) as session:
         return worker_view(await get_worker(session, worker_id), horde.settings, horde.clock.now())
 
 
 @put("/workers/{worker_id:str}")
-async def change_worker(request: Req, worker_id: str) -> dict[str, Any]:
+async def change_worker(request: Req, worker_id: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
     body = await decode(request, WorkerUpdate)
     async with transaction(horde) as session:

@@ -1,0 +1,171 @@
+"""One suite, two databases: every test that takes `db_url` (directly or through `app`/`client`)
+runs once on a fresh SQLite file and once on PostgreSQL (tests/support/postgres.py finds or starts
+a server; CI makes it mandatory)."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import msgspec
+import pytest
+from litestar import Litestar
+from litestar.testing import AsyncTestClient
+from sqlalchemy.engine import make_url
+
+from horde_lite.app import create_app
+from horde_lite.clock import ManualClock
+from horde_lite.db import migrate
+from horde_lite.db.models import Base
+from horde_lite.lifecycle.context import Horde
+from horde_lite.settings import Settings
+from tests.support.horde import HordeClient
+from tests.support.postgres import PostgresTarget, require_postgres, resolve_postgres
+
+PG_TEST_DB = "horde_lite_tests"
+_pg: PostgresTarget | None = None
+
+
+def _postgres() -> PostgresTarget:
+    global _pg
+    if _pg is None:
+        _pg = resolve_postgres()
+    return _pg
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    target = _postgres()
+    if target.url is None:
+        verdict = "FAILING (required)" if require_postgres() else "SKIPPING the PostgreSQL half"
+        return f"horde_lite: PostgreSQL unavailable, {verdict}: {target.reason}"
+    return f"horde_lite: PostgreSQL: {target.reason}"
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if _pg is not None:
+        _pg.stop()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    target = _postgres()
+    if target.url is None and not require_postgres():
+        terminalreporter.write_line(
+            f"NOTE: the PostgreSQL half of the suite was SKIPPED: {target.reason}", yellow=True, bold=True
+        )
+
+
+async def _reset_pg_database(base_url: str) -> str:
+    """A dedicated database on the server, emptied once per session; returns its async URL."""
+    url = make_url(base_url)
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port or 5432, user=url.username, password=url.password, database=url.database
+    )
+    try:
+        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", PG_TEST_DB):
+            await conn.execute(f'CREATE DATABASE "{PG_TEST_DB}"')
+    finally:
+        await conn.close()
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port or 5432, user=url.username, password=url.password, database=PG_TEST_DB
+    )
+    try:
+        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+    finally:
+        await conn.close()
+    return url.set(database=PG_TEST_DB).render_as_string(hide_password=False)
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> str:
+    target = _postgres()
+    if target.url is None:
+        if require_postgres():
+            pytest.fail(
+                f"PostgreSQL is required (HORDE_LITE_REQUIRE_POSTGRES) but unavailable: {target.reason}"
+            )
+        pytest.skip(f"PostgreSQL half skipped: {target.reason}")
+    url = asyncio.run(_reset_pg_database(target.url))
+    migrate.upgrade(url)
+    return url
+
+
+@pytest.fixture(scope="session")
+def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
+    migrate.upgrade(f"sqlite+aiosqlite:///{path}")
+    return path
+
+
+async def _truncate_pg(url: str) -> None:
+    parsed = make_url(url)
+    conn = await asyncpg.connect(
+        host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
+        database=parsed.database,
+    )  # fmt: skip
+    try:
+        tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
+        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+    finally:
+        await conn.close()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A migrated, empty database of each kind, fresh for every test."""
+    if request.param == "sqlite":
+        path = tmp_path / "horde_lite.db"
+        shutil.copy(request.getfixturevalue("sqlite_template"), path)
+        return f"sqlite+aiosqlite:///{path}"
+    url = request.getfixturevalue("pg_url")
+    asyncio.run(_truncate_pg(url))
+    return url
+
+
+def is_postgres(url: str) -> bool:
+    return url.startswith("postgresql")
+
+
+# Test settings: the sweep does not run by itself (tests call it, after moving the clock).
+TEST_OVERRIDES: dict[str, dict[str, object]] = {
+    "database": {"null_pool": True},
+    "lease": {"sweep_seconds": 0},
+    "chat": {"grace_seconds": 2},
+}
+
+
+def make_settings(db_url: str, **tables: dict[str, object]) -> Settings:
+    """Settings for a test: the defaults, the test overrides, then `tables` (e.g. allowance={...})."""
+    data: dict[str, dict[str, object]] = {k: dict(v) for k, v in TEST_OVERRIDES.items()}
+    for table, values in tables.items():
+        data.setdefault(table, {}).update(values)
+    data.setdefault("database", {})["url"] = db_url
+    return msgspec.convert(data, Settings)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock()
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return make_settings(db_url)
+
+
+@pytest.fixture
+def app(settings: Settings, clock: ManualClock) -> Litestar:
+    return create_app(settings, clock, run_sweeper=False)
+
+
+@pytest.fixture
+async def client(app: Litestar) -> AsyncIterator[HordeClient]:
+    async with AsyncTestClient(app=app, timeout=30) as http:
+        yield HordeClient(http, app.state.horde)
+
+
+@pytest.fixture
+def horde(client: HordeClient) -> Horde:
+    return client.horde

@@ -1,0 +1,95 @@
+"""A test client for the horde: the real app over HTTP, plus set-up helpers that write what an
+operator's CLI would (users, kudos) through the same lifecycle functions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+from litestar.testing import AsyncTestClient
+from sqlalchemy import select, update
+
+from horde_lite.clock import ManualClock
+from horde_lite.db.models import User, Worker
+from horde_lite.lifecycle import kudos as ledger
+from horde_lite.lifecycle import lease
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.users import create_user
+from horde_lite.lifecycle.workers import capacity_for
+
+ANON = "0000000000"
+
+
+class HordeClient:
+    def __init__(self, http: AsyncTestClient[Any], horde: Horde) -> None:
+        self.http = http
+        self.horde = horde
+
+    @property
+    def clock(self) -> ManualClock:
+        assert isinstance(self.horde.clock, ManualClock)
+        return self.horde.clock
+
+    # --- set-up (what `horde-lite users create/kudos` does) -----------------------------------
+
+    async def user(
+        self, name: str, kudos: float = 0.0, *, trusted: bool = False, moderator: bool = False
+    ) -> str:
+        async with self.horde.sessionmaker() as session, session.begin():
+            user, key = await create_user(
+                session, name, self.clock.now(), trusted=trusted, moderator=moderator
+            )
+            if kudos:
+                await ledger.record(session, user.id, kudos, "grant", "test", self.clock.now())
+        return key
+
+    async def set_worker_speed(self, name: str, lease_speed: float | None) -> None:
+        """Give a worker a measured lease speed, as if its past submits had measured it."""
+        async with self.horde.sessionmaker() as session, session.begin():
+            samples = [] if lease_speed is None else [lease_speed]
+            await session.execute(
+                update(Worker)
+                .where(Worker.name == name)
+                .values(
+                    lease_speed=lease_speed,
+                    speed_samples=samples,
+                    capacity=capacity_for(lease_speed, self.horde.settings),
+                )
+            )
+
+    async def balance(self, name: str) -> float:
+        async with self.horde.sessionmaker() as session:
+            user = (await session.execute(select(User).where(User.username == name))).scalar_one()
+            return user.kudos
+
+    async def sweep(self) -> tuple[int, int]:
+        return await lease.sweep(self.horde)
+
+    # --- the wire ------------------------------------------------------------------------------
+
+    async def create(self, key: str = ANON, **body: Any) -> httpx.Response:
+        body.setdefault("prompt", "Hello there.")
+        return await self.http.post("/api/v2/generate/text/async", json=body, headers={"apikey": key})
+
+    async def pop(self, key: str, name: str, **body: Any) -> httpx.Response:
+        return await self.http.post(
+            "/api/v2/generate/text/pop", json={"name": name, **body}, headers={"apikey": key}
+        )
+
+    async def submit(self, key: str, gen_id: str, text: str = "done", **body: Any) -> httpx.Response:
+        return await self.http.post(
+            "/api/v2/generate/text/submit",
+            json={"id": gen_id, "generation": text, "state": "ok", **body},
+            headers={"apikey": key},
+        )
+
+    async def status(self, request_id: str) -> httpx.Response:
+        return await self.http.get(f"/api/v2/generate/text/status/{request_id}")
+
+    async def cancel(self, request_id: str) -> httpx.Response:
+        return await self.http.delete(f"/api/v2/generate/text/status/{request_id}")
+
+    async def metrics(self) -> str:
+        response = await self.http.get("/metrics")
+        assert response.status_code == 200
+        return response.text
