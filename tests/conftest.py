@@ -5,6 +5,7 @@ a server; CI makes it mandatory)."""
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -25,7 +26,8 @@ from horde_lite.settings import Settings
 from tests.support.horde import HordeClient
 from tests.support.postgres import PostgresTarget, require_postgres, resolve_postgres
 
-PG_TEST_DB = "horde_lite_tests"
+# Each concurrent test run on one server needs its own database (set this per run to share a server).
+PG_TEST_DB = os.environ.get("HORDE_LITE_TEST_PG_DB", "horde_lite_tests")
 _pg: PostgresTarget | None = None
 
 
