@@ -366,7 +366,11 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         )
     )
     requester = spec.requester
-    can_pay = await kudos.spendable(session, requester.user, settings.kudos) >= cost
+    # The anonymous account is shared by everyone without a key: it never holds kudos upfront, or
+    # one anonymous caller could spend what the floor leaves for all of them (docs/decisions 0010).
+    can_pay = not requester.user.anonymous and (
+        await kudos.spendable(session, requester.user, settings.kudos) >= cost
+    )
     over = spec.max_length > allowance
     outcome: Outcome
     warnings: list[dict[str, str]] = []
