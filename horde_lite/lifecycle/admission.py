@@ -296,7 +296,7 @@ async def declaration_gap(session: AsyncSession, horde: Horde, spec: AdmissionSp
     return None
 
 
-async def _too_long(what: str, most: int, asked: int) -> str:
+def _too_long(what: str, most: int, asked: int) -> str:
     return f"online workers for {what} declare at most {most} tokens; this request asks {asked}"
 
 
