@@ -126,6 +126,12 @@ def _read_toml(path: Path) -> dict[str, Any]:
         for kind in ("speed_gate", "allowance_curve", "shadow_metrics"):
             value = policies.get(kind)
             if isinstance(value, dict):
+                extra = sorted(set(value) - {"name", "options"})
+                if extra:
+                    raise SettingsError(
+                        f"{path}: unknown key(s) {', '.join(extra)} in [policies.{kind}] "
+                        f"(expected `name` and [policies.{kind}.options])"
+                    )
                 name = value.get("name")
                 if name is not None:
                     policies[kind] = name

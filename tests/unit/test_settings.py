@@ -1,0 +1,225 @@
+"""Settings: litestar.toml tables and defaults (architecture.md "Settings and commands"), environment
+overrides, HORDE_LITE_CONFIG, and errors that name the offending key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from horde_lite.policies.registry import PolicyError, load_policies
+from horde_lite.settings import Settings, SettingsError, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# architecture.md's table, key by key.
+CONTRACT: dict[str, dict[str, object]] = {
+    "database": {"url": "sqlite+aiosqlite:///horde_lite.db"},
+    "lease": {
+        "base_seconds": 150,
+        "preparation_allowance_seconds": 30,
+        "progress_extension_seconds": 30,
+        "max_seconds": 900,
+        "sweep_seconds": 5,
+    },
+    "speed": {"assumed_tokens_per_second": 10, "samples": 20},
+    "worker": {"online_seconds": 300},
+    "request": {"expiry_seconds": 1200, "max_length_limit": 16384},
+    "chat": {"grace_seconds": 60, "max_queue_wait_seconds": 300, "default_max_tokens": 512},
+    "allowance": {"ceiling": 4096, "floor": 512, "wait_full_seconds": 60, "wait_floor_seconds": 300},
+    "policies": {
+        "speed_gate": "prefer_capable",
+        "allowance_curve": "estimated_wait",
+        "shadow_metrics": "over_capacity",
+    },
+}
+
+
+def _write(tmp_path: Path, text: str, name: str = "litestar.toml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run from an empty directory, so no ./litestar.toml is read by accident."""
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("table", "key"), [(t, k) for t, keys in CONTRACT.items() for k in keys])
+def test_defaults_match_the_contract(elsewhere: Path, table: str, key: str) -> None:
+    settings = load_settings(environ={})
+    assert getattr(getattr(settings, table), key) == CONTRACT[table][key]
+
+
+def test_repo_litestar_toml_loads_to_the_defaults() -> None:
+    from_file = load_settings(ROOT / "litestar.toml", environ={})
+    assert from_file == Settings()
+
+
+def test_repo_litestar_toml_lists_every_table_and_key() -> None:
+    import tomllib
+
+    raw = tomllib.loads((ROOT / "litestar.toml").read_text())
+    for field in msgspec.structs.fields(Settings):
+        assert field.name in raw, f"[{field.name}] missing from litestar.toml"
+        if field.name == "policies":
+            for kind in ("speed_gate", "allowance_curve", "shadow_metrics"):
+                assert raw["policies"][kind]["name"] == getattr(Settings().policies, kind)
+            continue
+        table = getattr(Settings(), field.name)
+        for sub in msgspec.structs.fields(table):
+            assert sub.name in raw[field.name], f"[{field.name}] {sub.name} missing from litestar.toml"
+
+
+def test_no_file_means_defaults(elsewhere: Path) -> None:
+    assert load_settings(environ={}) == Settings()
+
+
+def test_file_values_are_read(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        '[database]\nurl = "sqlite+aiosqlite:///other.db"\n[lease]\nbase_seconds = 200\n'
+        '[kudos.models]\n"house-model" = 13\n',
+    )
+    settings = load_settings(path, environ={})
+    assert settings.database.url == "sqlite+aiosqlite:///other.db"
+    assert settings.lease.base_seconds == 200
+    assert settings.lease.generation_window_seconds == 170
+    assert settings.kudos.models == {"house-model": 13}
+    assert settings.chat.grace_seconds == 60  # untouched tables keep their defaults
+
+
+def test_cwd_litestar_toml_is_the_default_file(elsewhere: Path) -> None:
+    _write(elsewhere, "[worker]\nonline_seconds = 60\n")
+    assert load_settings(environ={}).worker.online_seconds == 60
+
+
+def test_env_overrides_file_and_is_typed(elsewhere: Path) -> None:
+    path = _write(elsewhere, "[lease]\nbase_seconds = 200\n")
+    settings = load_settings(
+        path,
+        environ={
+            "HORDE_LITE_DATABASE__URL": "postgresql+asyncpg://u:p@db/horde",
+            "HORDE_LITE_LEASE__BASE_SECONDS": "180",
+            "HORDE_LITE_CHAT__GRACE_SECONDS": "2.5",
+            "HORDE_LITE_DATABASE__ECHO": "true",
+            "HORDE_LITE_SPEED__SAMPLES": "5",
+            "HORDE_LITE_POLICIES__SPEED_GATE": "off",
+            "HORDE_LITE_KUDOS__MODELS": '{ "m" = 3 }',
+            # Variables without a table separator are not settings (test harness, HORDE_LITE_CONFIG).
+            "HORDE_LITE_TEST_PG_DB": "whatever",
+        },
+    )
+    assert settings.database.url == "postgresql+asyncpg://u:p@db/horde"
+    assert settings.lease.base_seconds == 180
+    assert settings.chat.grace_seconds == 2.5
+    assert settings.database.echo is True
+    assert settings.speed.samples == 5
+    assert settings.policies.speed_gate == "off"
+    assert settings.kudos.models == {"m": 3}
+
+
+def test_string_settings_take_env_values_verbatim(elsewhere: Path) -> None:
+    # A URL or a policy name that happens to look like TOML stays a string.
+    settings = load_settings(environ={"HORDE_LITE_POLICIES__SPEED_GATE": "true"})
+    assert settings.policies.speed_gate == "true"
+
+
+def test_horde_lite_config_names_the_file(elsewhere: Path) -> None:
+    other = _write(elsewhere, "[request]\nexpiry_seconds = 60\n", name="other.toml")
+    _write(elsewhere, "[request]\nexpiry_seconds = 999\n")
+    settings = load_settings(environ={"HORDE_LITE_CONFIG": str(other)})
+    assert settings.request.expiry_seconds == 60
+
+
+def test_missing_named_file_is_an_error(elsewhere: Path) -> None:
+    with pytest.raises(SettingsError, match=r"nope\.toml"):
+        load_settings(environ={"HORDE_LITE_CONFIG": str(elsewhere / "nope.toml")})
+    with pytest.raises(SettingsError, match=r"nope\.toml"):
+        load_settings(elsewhere / "nope.toml", environ={})
+
+
+@pytest.mark.parametrize(
+    ("text", "names"),
+    [
+        ("[lease]\nbase_secs = 10\n", "base_secs"),
+        ("[leases]\nbase_seconds = 10\n", "leases"),
+        ('[lease]\nbase_seconds = "soon"\n', "lease.base_seconds"),
+        ("[speed]\nsamples = 2.5\n", "speed.samples"),
+        ("[database]\nurl = 5\n", "database.url"),
+        ("[request]\nmax_length_limit = [1]\n", "request.max_length_limit"),
+        ("[policies]\nspeed_gate = 3\n", "policies.speed_gate"),
+        ('[kudos.models]\nm = "big"\n', "kudos.models"),
+        ('[policies.speed_gate]\nnme = "off"\n', "nme"),
+        ("[lease\n", "not valid TOML"),
+    ],
+)
+def test_bad_file_names_the_key(elsewhere: Path, text: str, names: str) -> None:
+    path = _write(elsewhere, text)
+    with pytest.raises(SettingsError) as info:
+        load_settings(path, environ={})
+    assert names in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("environ", "names"),
+    [
+        ({"HORDE_LITE_LEASE__BASE_SECS": "1"}, "HORDE_LITE_LEASE__BASE_SECS"),
+        ({"HORDE_LITE_LEASES__BASE_SECONDS": "1"}, "HORDE_LITE_LEASES"),
+        ({"HORDE_LITE_LEASE__BASE_SECONDS": "soon"}, "lease.base_seconds"),
+        ({"HORDE_LITE_SPEED__SAMPLES": "[1, 2]"}, "speed.samples"),
+    ],
+)
+def test_bad_env_names_the_key(elsewhere: Path, environ: dict[str, str], names: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(environ=environ)
+    assert names in str(info.value)
+
+
+def test_policy_table_form_with_nested_options(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        '[policies.speed_gate]\nname = "enforce_all"\n'
+        '[policies.allowance_curve]\nname = "jobs_per_thread"\n'
+        "[policies.allowance_curve.options]\nfull_jobs_per_thread = 1.0\nfloor_jobs_per_thread = 4.0\n",
+    )
+    settings = load_settings(path, environ={})
+    assert settings.policies.speed_gate == "enforce_all"
+    assert settings.policies.allowance_curve == "jobs_per_thread"
+    assert settings.policies.shadow_metrics == "over_capacity"
+    assert settings.policies.options == {
+        "allowance_curve": {"full_jobs_per_thread": 1.0, "floor_jobs_per_thread": 4.0}
+    }
+    policies = load_policies(settings.policies)
+    assert policies.names["allowance_curve"] == "jobs_per_thread"
+    assert policies.allowance_curve.full_jobs_per_thread == 1.0  # type: ignore[attr-defined]
+
+
+def test_options_table_without_a_name_keeps_the_default_policy(elsewhere: Path) -> None:
+    path = _write(elsewhere, "[policies.shadow_metrics.options]\n")
+    settings = load_settings(path, environ={})
+    assert settings.policies.shadow_metrics == "over_capacity"
+    assert settings.policies.options == {"shadow_metrics": {}}
+
+
+def test_bad_policy_option_names_the_key(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        '[policies.allowance_curve]\nname = "jobs_per_thread"\n'
+        "[policies.allowance_curve.options]\nfull_jobs_per_threads = 1.0\n",
+    )
+    settings = load_settings(path, environ={})
+    with pytest.raises(PolicyError, match="full_jobs_per_threads"):
+        load_policies(settings.policies)
+
+
+def test_unknown_policy_lists_the_installed_ones(elsewhere: Path) -> None:
+    settings = load_settings(environ={"HORDE_LITE_POLICIES__SPEED_GATE": "fastest"})
+    with pytest.raises(PolicyError) as info:
+        load_policies(settings.policies)
+    for name in ("fastest", "prefer_capable", "enforce_all", "enforce_chat", "off"):
+        assert name in str(info.value)
