@@ -76,11 +76,10 @@ async def create_user(
 
 async def find_by_name(session: AsyncSession, username: str) -> User:
     name, _, uid = username.partition("#")
-    query = (
-        select(User).where(User.id == int(uid))
-        if uid.isdigit()
-        else select(User).where(User.username == name)
-    )
+    # "name#id" must name the user with that id; a bare name is looked up by name.
+    query = select(User).where(User.username == name)
+    if uid.isdigit():
+        query = query.where(User.id == int(uid))
     user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
         raise HordeError(404, "UserNotFound", f"No user named {username!r}.")

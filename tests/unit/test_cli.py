@@ -1,0 +1,214 @@
+"""The operator commands (architecture.md "Settings and commands") against a real database of each
+kind: `database upgrade`, `users create`, `users kudos`, `policies list`. Most run the click
+commands in-process with click's CliRunner; one runs the installed `horde-lite` console script."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import select, text
+
+from horde_lite import cli
+from horde_lite.db import migrate
+from horde_lite.db.engine import make_engine, make_sessionmaker
+from horde_lite.db.models import KudosEvent, User
+from horde_lite.lifecycle.users import hash_key
+
+HORDE_LITE = Path(sys.executable).with_name("horde-lite")
+
+
+@pytest.fixture
+def run(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """Invoke a click command with the settings pointing at the test database."""
+    monkeypatch.chdir(tmp_path)  # no ./litestar.toml from the repository
+    for key in [k for k in os.environ if k.startswith("HORDE_LITE_") and "__" in k]:
+        monkeypatch.delenv(key)
+    monkeypatch.delenv("HORDE_LITE_CONFIG", raising=False)
+    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", db_url)
+
+    def invoke(command: Any, *args: str) -> Result:
+        return CliRunner().invoke(command, list(args), catch_exceptions=False)
+
+    return invoke
+
+
+def _query(url: str, statement: Any) -> list[Any]:
+    async def go() -> list[Any]:
+        engine = make_engine(url, null_pool=True)
+        try:
+            async with make_sessionmaker(engine)() as session:
+                return list((await session.execute(statement)).all())
+        finally:
+            await engine.dispose()
+
+    return asyncio.run(go())
+
+
+def _user(url: str, name: str) -> User:
+    rows = _query(url, select(User).where(User.username == name))
+    assert len(rows) == 1
+    return rows[0][0]
+
+
+def _ledger(url: str, user_id: int) -> list[tuple[float, str]]:
+    query = select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id)
+    rows = _query(url, query.order_by(KudosEvent.id))
+    return [(amount, kind) for amount, kind in rows]
+
+
+def test_users_create_prints_the_key_alone_on_the_last_line(run: Any, db_url: str) -> None:
+    result = run(cli.users, "create", "alice", "--kudos", "250", "--trusted", "--moderator")
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    key = lines[-1]
+    assert len(key) == 22
+    assert key.strip() == key
+    assert " " not in key
+    user = _user(db_url, "alice")
+    assert user.trusted is True
+    assert user.moderator is True
+    assert user.anonymous is False
+    assert user.kudos == 250
+    assert user.api_key_hash == hash_key(key)
+    # The starting kudos went through the ledger.
+    assert _ledger(db_url, user.id) == [(250.0, "grant")]
+    # Nothing in the users table holds the key in clear.
+    for row in _query(db_url, text("SELECT * FROM users")):
+        assert all(key not in str(value) for value in row)
+
+
+def test_users_create_defaults_and_distinct_keys(run: Any, db_url: str) -> None:
+    first = run(cli.users, "create", "bob").output.strip().splitlines()[-1]
+    second = run(cli.users, "create", "carol").output.strip().splitlines()[-1]
+    assert first != second
+    bob = _user(db_url, "bob")
+    assert (bob.kudos, bob.trusted, bob.moderator) == (0, False, False)
+    assert _ledger(db_url, bob.id) == []
+
+
+def test_users_create_refuses_a_taken_name(run: Any, db_url: str) -> None:
+    assert run(cli.users, "create", "dave").exit_code == 0
+    again = run(cli.users, "create", "dave")
+    assert again.exit_code != 0
+    assert "already exists" in again.output
+    assert len(_query(db_url, select(User.id).where(User.username == "dave"))) == 1
+
+
+def test_users_kudos_sets_and_adds_through_the_ledger(run: Any, db_url: str) -> None:
+    run(cli.users, "create", "erin", "--kudos", "100")
+    user_id = _user(db_url, "erin").id
+
+    added = run(cli.users, "kudos", "erin", "40", "--add")
+    assert added.exit_code == 0, added.output
+    assert "140" in added.output
+    assert _user(db_url, "erin").kudos == 140
+
+    lowered = run(cli.users, "kudos", f"erin#{user_id}", "30")
+    assert lowered.exit_code == 0, lowered.output
+    assert _user(db_url, "erin").kudos == 30
+
+    events = _ledger(db_url, user_id)
+    assert events == [(100.0, "grant"), (40.0, "grant"), (-110.0, "debit")]
+    assert sum(amount for amount, _ in events) == _user(db_url, "erin").kudos
+
+
+def test_users_kudos_unknown_user(run: Any) -> None:
+    result = run(cli.users, "kudos", "nobody", "5")
+    assert result.exit_code != 0
+    assert "nobody" in result.output
+
+
+def test_users_kudos_name_and_id_must_agree(run: Any, db_url: str) -> None:
+    run(cli.users, "create", "frank")
+    frank = _user(db_url, "frank")
+    result = run(cli.users, "kudos", f"someone-else#{frank.id}", "5")
+    assert result.exit_code != 0
+    assert _user(db_url, "frank").kudos == 0
+
+
+def test_database_upgrade_reaches_head(run: Any, db_url: str) -> None:
+    result = run(cli.database, "upgrade")
+    assert result.exit_code == 0, result.output
+    heads = migrate.heads()
+    assert any(head in result.output for head in heads)
+    assert asyncio.run(migrate.current(db_url)) in heads
+
+
+def test_database_upgrade_creates_a_new_sqlite_database(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", url)
+    assert asyncio.run(migrate.current(url)) is None
+    result = CliRunner().invoke(cli.database, ["upgrade"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert asyncio.run(migrate.current(url)) in migrate.heads()
+    assert _query(url, select(User.id)) == []
+
+
+def test_users_create_migrates_a_new_database_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    url = f"sqlite+aiosqlite:///{tmp_path / 'new.db'}"
+    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", url)
+    result = CliRunner().invoke(cli.users, ["create", "first"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert _user(url, "first").api_key_hash == hash_key(result.output.strip().splitlines()[-1])
+
+
+def test_policies_list_marks_the_selected_ones(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HORDE_LITE_POLICIES__SPEED_GATE", "enforce_chat")
+    result = run(cli.policies, "list")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip()]
+    selected = {(r[1], r[2]) for r in rows if r[0] == "*"}
+    assert selected == {
+        ("speed_gate", "enforce_chat"),
+        ("allowance_curve", "estimated_wait"),
+        ("shadow_metrics", "over_capacity"),
+    }
+    listed = {(r[-3], r[-2]) for r in rows}
+    for kind, name in [
+        ("speed_gate", "prefer_capable"),
+        ("speed_gate", "enforce_all"),
+        ("speed_gate", "off"),
+        ("allowance_curve", "horde_queue"),
+        ("allowance_curve", "jobs_per_thread"),
+        ("shadow_metrics", "off"),
+    ]:
+        assert (kind, name) in listed
+    assert "(horde-lite)" in result.output
+
+
+def test_bad_settings_are_a_clean_cli_error(run: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HORDE_LITE_LEASE__BASE_SECS", "3")
+    result = CliRunner().invoke(cli.policies, ["list"])
+    assert result.exit_code != 0
+    assert "HORDE_LITE_LEASE__BASE_SECS" in result.output
+
+
+def test_console_script_users_create_and_policies_list(db_url: str, tmp_path: Path) -> None:
+    """The installed `horde-lite` (the Litestar CLI preset to the app) carries our commands."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDE_LITE_")}
+    env["HORDE_LITE_DATABASE__URL"] = db_url
+    created = subprocess.run(
+        [str(HORDE_LITE), "users", "create", "grace", "--kudos", "7"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    assert len(key) == 22
+    assert _user(db_url, "grace").api_key_hash == hash_key(key)
+    listed = subprocess.run(
+        [str(HORDE_LITE), "policies", "list"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert listed.returncode == 0, listed.stderr
+    assert "prefer_capable" in listed.stdout
