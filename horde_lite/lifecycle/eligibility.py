@@ -69,6 +69,10 @@ def serves_request_models(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
         .select_from(rm)
         .join(wm, wm.model == rm.model)
         .where(rm.request_id == r.id, wm.worker_id == w.id)
+        # Correlate explicitly: nested inside another EXISTS (the capable-worker check, the wait
+        # estimate's shared worker), auto-correlation reaches only the next SELECT out, and `r`
+        # would become an uncorrelated cross join ("serves any queued request's model").
+        .correlate_except(rm, wm)
     )
     return or_(r.any_model, overlap)
 
@@ -111,7 +115,9 @@ def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> l
 
 def capable_worker_online(r: RequestRow, rules: Rules) -> ColumnElement[bool]:
     cw = aliased(Worker, name="capable_worker")
-    return exists(select(1).select_from(cw).where(*capable_chat_worker_clauses(cw, r, rules)))
+    return exists(
+        select(1).select_from(cw).where(*capable_chat_worker_clauses(cw, r, rules)).correlate_except(cw)
+    )
 
 
 def text_wp_speed_gate_clause(w: WorkerRow, r: RequestRow, rules: Rules) -> ColumnElement[bool]:

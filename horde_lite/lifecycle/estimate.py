@@ -70,6 +70,7 @@ async def estimate(session: AsyncSession, request_id: str, rules: Rules) -> Esti
         select(1)
         .select_from(ew)
         .where(*eligibility_clauses(ew, r, rules), *eligibility_clauses(ew, q, rules))
+        .correlate_except(ew)
     )
     competing = (
         select(
