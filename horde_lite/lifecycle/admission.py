@@ -348,6 +348,10 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     transaction is rolled back then, so a refused request leaves no row and no hold."""
     now = horde.clock.now()
     settings = horde.settings
+    if spec.requester.shared_key is not None:
+        # The key's own limits first: an expired, empty or capped key is refused whatever the
+        # request would cost (its budget is checked against the cost below).
+        check_shared_key(spec.requester.shared_key, now, spec.max_length, 0.0)
     await _too_many(session, horde, spec)
     cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
     row = await _insert(session, horde, spec, now)
@@ -382,8 +386,11 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         outcome = "downgraded"
     else:
         outcome = "refused"
-    if requester.shared_key is not None and outcome != "refused":
-        check_shared_key(requester.shared_key, now, spec.max_length, cost if outcome == "funded" else 0.0)
+    if outcome == "refused" and can_pay and requester.shared_key is not None:
+        # The owner could pay but the key's budget cannot: say so rather than KudosUpfront.
+        if not spec.dry_run:
+            _record(horde, spec, "refused", allowance, est)
+        check_shared_key(requester.shared_key, now, spec.max_length, cost)
     if outcome == "refused":
         await _refuse(session, horde, spec, est, allowance, cost, now)
     applied = spec.max_length

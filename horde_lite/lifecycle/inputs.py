@@ -126,3 +126,12 @@ class SharedKeyInput(_In):
     expiry: Annotated[int, msgspec.Meta(ge=-1)] = -1  # days; -1 never
     name: Annotated[str, msgspec.Meta(max_length=255)] = ""
     max_text_tokens: Annotated[int, msgspec.Meta(ge=-1)] = -1
+
+
+class SharedKeyPatch(_In):
+    """PATCH /sharedkeys/{id}: only the fields sent change."""
+
+    kudos: Annotated[float, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
+    expiry: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
+    name: Annotated[str, msgspec.Meta(max_length=255)] | msgspec.UnsetType = msgspec.UNSET
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import SharedKey, User
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import SharedKeyInput
+from horde_lite.lifecycle.inputs import SharedKeyInput, SharedKeyPatch
 from horde_lite.lifecycle.users import display_name, hash_key, new_shared_key
 
 DAY = 86400.0
@@ -28,11 +29,16 @@ def _view(shared: SharedKey, owner: User, key: str) -> dict[str, Any]:
     }
 
 
-def _apply(shared: SharedKey, body: SharedKeyInput, now: float) -> None:
-    shared.kudos = body.kudos
-    shared.name = body.name
-    shared.max_text_tokens = body.max_text_tokens
-    shared.expiry = None if body.expiry < 0 else now + body.expiry * DAY
+def _apply(shared: SharedKey, body: SharedKeyInput | SharedKeyPatch, now: float) -> None:
+    """Set the fields the body carries (a PATCH leaves the others as they are)."""
+    if body.kudos is not msgspec.UNSET:
+        shared.kudos = body.kudos
+    if body.name is not msgspec.UNSET:
+        shared.name = body.name
+    if body.max_text_tokens is not msgspec.UNSET:
+        shared.max_text_tokens = body.max_text_tokens
+    if body.expiry is not msgspec.UNSET:
+        shared.expiry = None if body.expiry < 0 else now + body.expiry * DAY
 
 
 async def create(session: AsyncSession, horde: Horde, owner: User, body: SharedKeyInput) -> dict[str, Any]:
@@ -62,7 +68,7 @@ async def show(session: AsyncSession, key: str) -> dict[str, Any]:
 
 
 async def change(
-    session: AsyncSession, horde: Horde, owner: User, key: str, body: SharedKeyInput
+    session: AsyncSession, horde: Horde, owner: User, key: str, body: SharedKeyPatch
 ) -> dict[str, Any]:
     shared = await _load(session, key)
     if shared.user_id != owner.id:

@@ -9,7 +9,7 @@ from litestar.params import FromPath
 
 from horde_lite.api.common import apikey_of, decode, horde_of, transaction
 from horde_lite.lifecycle import sharedkeys
-from horde_lite.lifecycle.inputs import SharedKeyInput
+from horde_lite.lifecycle.inputs import SharedKeyInput, SharedKeyPatch
 from horde_lite.lifecycle.users import authenticate, authenticate_user, display_name, worker_count
 
 Req = Request[Any, Any, Any]
@@ -50,7 +50,7 @@ async def show_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
 @patch("/sharedkeys/{key:str}")
 async def change_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
     horde = horde_of(request)
-    body = await decode(request, SharedKeyInput)
+    body = await decode(request, SharedKeyPatch)
     async with transaction(horde) as session:
         owner = await authenticate_user(session, apikey_of(request), horde.clock.now())
         return await sharedkeys.change(session, horde, owner, key, body)
