@@ -28,6 +28,11 @@ OPENAI_CODES: dict[str, tuple[str, str]] = {
     "NoEligibleWorker": ("service_unavailable", "no_eligible_worker"),
     "QueueTimeout": ("service_unavailable", "queue_timeout"),
     "WorkerFailed": ("server_error", "worker_failed"),
+    "RequestCancelled": ("invalid_request_error", "request_cancelled"),
+    "ClientDisconnected": ("invalid_request_error", "client_disconnected"),
+    "NotFound": ("invalid_request_error", "not_found"),
+    "MethodNotAllowed": ("invalid_request_error", "method_not_allowed"),
+    "InternalServerError": ("server_error", "internal_error"),
 }
 
 
@@ -37,6 +42,8 @@ def is_v1(request: Request[Any, Any, Any]) -> bool:
 
 def openai_body(status: int, rc: str, message: str, param: str | None = None) -> dict[str, Any]:
     kind, code = OPENAI_CODES.get(rc, ("invalid_request_error" if status < 500 else "server_error", rc))
+    if status == 413:
+        code = "request_too_large"
     return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 

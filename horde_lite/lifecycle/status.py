@@ -74,6 +74,8 @@ def _generation_view(g: Generation, worker_name: str) -> dict[str, Any]:
         view["seed"] = int(g.seed) if g.seed.lstrip("-").isdigit() else g.seed
     if g.gen_metadata:
         view["gen_metadata"] = g.gen_metadata
+    if g.chat_result:  # a chat job: the submitted message (tool calls included), finish_reason, usage
+        view["chat"] = g.chat_result
     return view
 
 

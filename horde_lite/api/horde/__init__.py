@@ -4,9 +4,15 @@ from __future__ import annotations
 
 from litestar import Router
 
-from horde_lite.api.horde import generate, status, users, workers
+from horde_lite.api.horde import generate, progress, status, users, workers
 
 router = Router(
     path="/api/v2",
-    route_handlers=[*generate.HANDLERS, *status.HANDLERS, *workers.HANDLERS, *users.HANDLERS],
+    route_handlers=[
+        *generate.HANDLERS,
+        *progress.HANDLERS,
+        *status.HANDLERS,
+        *workers.HANDLERS,
+        *users.HANDLERS,
+    ],
 )

@@ -1,0 +1,109 @@
+"""Progress posts from streaming chat jobs (behaviour.md §3, api.md "Chat jobs on the worker side").
+
+A worker running a streaming chat job posts its output as it comes: `{id, seq, delta, completion_tokens?}`.
+Only the lease holder may post; `seq` counts from 1 and must be the last accepted one plus 1. A repeat
+of an already accepted `seq` is acknowledged and changes nothing (a worker may retry a post whose
+answer it lost); a gap is a 409, so nothing is relayed out of order. Each accepted post appends its
+delta to the generation, extends the lease to at least now + `lease.progress_extension_seconds`, never
+beyond `popped_at + lease.max_seconds`, and wakes the chat front waiting on the request. The answer
+tells the worker when its lease now ends and whether to stop (the client went away or the request was
+cancelled).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from horde_lite.db.models import User
+from horde_lite.lifecycle.completion import load_generation_for_worker
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.errors import HordeError
+from horde_lite.lifecycle.inputs import ProgressInput
+from horde_lite.lifecycle.lease import lapse_expired
+from horde_lite.lifecycle.users import authenticate_user
+
+
+def iso_utc(epoch: float) -> str:
+    """ISO 8601 in UTC with a `Z`, e.g. 2025-01-31T12:00:00.250000Z."""
+    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True, slots=True)
+class ProgressAnswer:
+    request_id: str
+    lease_expires_at: float
+    cancel: bool
+    accepted: bool  # False for an acknowledged repeat
+    fake: bool
+
+    def wire(self) -> dict[str, Any]:
+        return {"lease_expires_at": iso_utc(self.lease_expires_at), "cancel": self.cancel}
+
+
+async def record(session: AsyncSession, horde: Horde, user: User, body: ProgressInput) -> ProgressAnswer:
+    """Store one progress post (the caller has already honoured a lapse of this generation)."""
+    now = horde.clock.now()
+    generation, _worker, request = await load_generation_for_worker(session, user, body.id)
+    if generation.state == "aborted":
+        raise HordeError(
+            400, "AbortedGen", "This generation's lease lapsed; the job was given back to the queue."
+        )
+    if generation.state != "processing":
+        raise HordeError(400, "DuplicateGen", "This generation was already submitted; progress is over.")
+    if not request.is_chat or not request.stream:
+        raise HordeError(
+            400,
+            "NotStreamingJob",
+            "Progress posts are only for streaming chat jobs (a pop answer with kind 'chat' and "
+            "stream true); submit this job's result instead.",
+        )
+    cancel = bool(generation.cancel_requested) or request.state == "cancelled"
+    last = generation.progress_seq or 0
+    if body.seq <= last:
+        # A repeat of a post already accepted: acknowledged, changes nothing, extends nothing.
+        return ProgressAnswer(request.id, generation.lease_expires_at, cancel, False, generation.fake)
+    if body.seq != last + 1:
+        raise HordeError(
+            409,
+            "ProgressOutOfOrder",
+            f"Progress seq {body.seq} leaves a gap: the next one expected is {last + 1} "
+            f"(repeats of 1..{last} are acknowledged and ignored).",
+            expected_seq=last + 1,
+        )
+    delta = body.delta
+    if delta.content:
+        generation.progress_content = (generation.progress_content or "") + delta.content
+    if delta.tool_calls:
+        generation.progress_tool_calls = [*(generation.progress_tool_calls or []), *delta.tool_calls]
+    if body.completion_tokens is not None:
+        generation.completion_tokens = body.completion_tokens
+    else:
+        generation.completion_tokens = max(
+            generation.completion_tokens or 0, math.ceil(len(generation.progress_content or "") / 4)
+        )
+    generation.progress_seq = body.seq
+    lease = horde.settings.lease
+    ceiling = generation.popped_at + lease.max_seconds
+    generation.lease_expires_at = min(
+        max(generation.lease_expires_at, now + lease.progress_extension_seconds), ceiling
+    )
+    await session.flush()
+    return ProgressAnswer(request.id, generation.lease_expires_at, cancel, True, generation.fake)
+
+
+async def post(horde: Horde, apikey: str | None, body: ProgressInput) -> dict[str, Any]:
+    """POST /generate/text/progress: two short transactions, then wake the waiting front."""
+    async with horde.sessionmaker() as session, session.begin():
+        # A lapse found here is kept even though the post is then refused with AbortedGen.
+        await lapse_expired(session, horde, horde.clock.now(), generation_id=body.id)
+    async with horde.sessionmaker() as session, session.begin():
+        user = await authenticate_user(session, apikey, horde.clock.now())
+        answer = await record(session, horde, user, body)
+    if answer.accepted and not answer.fake:
+        horde.notifier.notify(answer.request_id)  # after the commit, so the waiter reads the delta
+    return answer.wire()
