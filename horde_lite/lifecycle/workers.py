@@ -55,8 +55,9 @@ async def check_in(
     worker = (await session.execute(select(Worker).where(Worker.name == body.name))).scalar_one_or_none()
     if worker is None:
         worker = Worker(
-            id=str(uuid.uuid4()), name=body.name, owner_id=owner.id, created_at=now, speed_samples=[]
-        )
+            id=str(uuid.uuid4()), name=body.name, owner_id=owner.id, created_at=now, last_check_in=now,
+            speed_samples=[],
+        )  # last_check_in now: the priority-user lookup below autoflushes the new row
         session.add(worker)
     elif worker.owner_id != owner.id:
         raise HordeError(403, "WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
