@@ -1,0 +1,306 @@
+"""Pop, lease and submit (behaviour.md §3, §9; api.md): the pop answer's shape, the lease (`ttl`),
+DuplicateGen, AbortedGen, WrongCredentials, faults and lapses giving the job back, faulting after
+more than 2 failures, lease speed samples and capacity, and concurrent pops on both databases."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import text
+
+from tests.support.horde import ANON, HordeClient
+
+
+async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
+    async with client.horde.sessionmaker() as session:
+        return list((await session.execute(text(sql), params)).all())
+
+
+async def _worker(client: HordeClient, name: str) -> dict[str, Any]:
+    [(worker_id,)] = await _rows(client, "SELECT id FROM workers WHERE name = :n", n=name)
+    return (await client.http.get(f"/api/v2/workers/{worker_id}")).json()
+
+
+async def test_job_answer_shape(client: HordeClient) -> None:
+    key = await client.user("owner")
+    await client.create(ANON, models=["m-12B"], params={"max_length": 64})
+    job = (await client.pop(key, "w1", models=["m-12B"])).json()
+    assert job["ttl"] == 150
+    assert isinstance(job["id"], str)
+    assert job["ids"] == [job["id"]]
+    assert job["model"] == "m-12B"
+    assert job["skipped"] == {}
+    assert job["payload"]["max_length"] == 64
+    [(popped_at, expires_at)] = await _rows(client, "SELECT popped_at, lease_expires_at FROM generations")
+    assert expires_at - popped_at == 150
+    assert popped_at == client.clock.now()
+
+
+async def test_no_job_answer_shape(client: HordeClient) -> None:
+    key = await client.user("owner")
+    empty = await client.pop(key, "w1")
+    assert empty.status_code == 200
+    body = empty.json()
+    assert body["id"] is None
+    assert body["ids"] == []
+    assert body["skipped"] == {}
+    # `payload` is present (empty) because horde-sdk's pop response model requires it.
+    assert set(body) == {"id", "ids", "skipped", "payload"}
+    await client.pop(key, "w1", max_length=2048, max_context_length=4096)
+    await client.create(ANON, params={"max_length": 1024, "max_context_length": 4096})
+    skipped = (await client.pop(key, "w1", max_length=512, max_context_length=4096)).json()
+    assert skipped["id"] is None
+    assert skipped["ids"] == []
+    assert skipped["skipped"] == {"max_length": 1}
+
+
+async def test_duplicate_submit_pays_nothing(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    rich = await client.user("rich", kudos=1000)
+    await client.create(rich, models=["m-12B"])
+    job = (await client.pop(owner, "w1", models=["m-12B"])).json()
+    first = await client.submit(owner, job["id"], "x" * 100)
+    assert first.status_code == 200
+    reward = first.json()["reward"]
+    assert reward > 0
+    balances = (await client.balance("owner"), await client.balance("rich"))
+    assert balances == (reward, round(1000 - reward - 1, 2))
+    again = await client.submit(owner, job["id"], "x" * 4000)
+    assert again.status_code == 400
+    assert again.json()["rc"] == "DuplicateGen"
+    assert (await client.balance("owner"), await client.balance("rich")) == balances
+    assert (await _worker(client, "w1"))["requests_fulfilled"] == 1
+
+
+async def test_concurrent_submits_of_one_job_pay_once(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    await client.create(ANON, models=["m-12B"])
+    job = (await client.pop(owner, "w1", models=["m-12B"])).json()
+    answers = await asyncio.gather(*(client.submit(owner, job["id"], "x" * 100) for _ in range(4)))
+    codes = Counter(a.status_code for a in answers)
+    assert codes == {200: 1, 400: 3}
+    assert {a.json()["rc"] for a in answers if a.status_code == 400} == {"DuplicateGen"}
+    assert len(await _rows(client, "SELECT id FROM kudos_events WHERE kind = 'reward'")) == 1
+
+
+async def test_submit_by_another_user(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    thief = await client.user("thief")
+    await client.create(ANON)
+    job = (await client.pop(owner, "w1")).json()
+    stolen = await client.submit(thief, job["id"], "mine now")
+    assert stolen.status_code == 403
+    assert stolen.json()["rc"] == "WrongCredentials"
+    anon = await client.submit(ANON, job["id"], "mine now")
+    assert anon.status_code == 403
+    assert (await client.submit(owner, job["id"], "real")).status_code == 200
+    assert await client.balance("thief") == 0
+
+
+async def test_unknown_generation(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    for gen_id in ("00000000-0000-4000-8000-000000000000", "nope"):
+        response = await client.submit(owner, gen_id, "x")
+        assert response.status_code == 404
+        assert response.json()["rc"] == "InvalidJobID"
+
+
+async def test_submit_after_the_lease_lapsed_is_aborted_even_before_the_sweep(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    request_id = (await client.create(ANON)).json()["id"]
+    job = (await client.pop(owner, "w1")).json()
+    client.clock.advance(150.5)
+    late = await client.submit(owner, job["id"], "too late")
+    assert late.status_code == 400
+    assert late.json()["rc"] == "AbortedGen"
+    status = (await client.status(request_id)).json()
+    assert (status["restarted"], status["waiting"], status["processing"], status["finished"]) == (1, 1, 0, 0)
+    assert (await _worker(client, "w1"))["aborted_jobs"] == 1
+    assert await client.balance("owner") == 0
+    # Asking again gives the same answer; the job is offered again.
+    assert (await client.submit(owner, job["id"], "still")).json()["rc"] == "AbortedGen"
+    assert (await client.pop(owner, "w2")).json()["id"] is not None
+
+
+async def test_submit_right_at_the_end_of_the_lease_counts(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    await client.create(ANON)
+    job = (await client.pop(owner, "w1")).json()
+    client.clock.advance(150)
+    assert (await client.submit(owner, job["id"], "just in time")).status_code == 200
+
+
+async def test_sweep_aborts_lapsed_jobs_and_gives_them_back(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    request_id = (await client.create(ANON, params={"n": 2})).json()["id"]
+    first = (await client.pop(owner, "w1")).json()["id"]
+    client.clock.advance(100)
+    second = (await client.pop(owner, "w2")).json()["id"]
+    client.clock.advance(60)  # the first lease lapsed 10 s ago, the second has 90 s left
+    lapsed, expired = await client.sweep()
+    assert (lapsed, expired) == (1, 0)
+    states = dict(await _rows(client, "SELECT id, state FROM generations"))
+    assert states == {first: "aborted", second: "processing"}
+    status = (await client.status(request_id)).json()
+    assert (status["restarted"], status["waiting"], status["processing"]) == (1, 1, 1)
+    assert (await client.submit(owner, first, "late")).json()["rc"] == "AbortedGen"
+    assert (await client.submit(owner, second, "fine")).status_code == 200
+    third = (await client.pop(owner, "w3")).json()["id"]
+    assert third not in (first, second)
+    assert (await client.submit(owner, third, "redo")).status_code == 200
+    status = (await client.status(request_id)).json()
+    assert status["done"] is True
+    assert status["finished"] == 2
+    assert await client.sweep() == (0, 0)
+
+
+async def test_faulted_submit_gives_the_job_back(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    request_id = (await client.create(ANON)).json()["id"]
+    job = (await client.pop(owner, "w1")).json()
+    faulted = await client.submit(owner, job["id"], "", state="faulted")
+    assert faulted.status_code == 200
+    assert faulted.json() == {"reward": 0.0}
+    status = (await client.status(request_id)).json()
+    assert (status["waiting"], status["processing"], status["faulted"], status["done"]) == (
+        1,
+        0,
+        False,
+        False,
+    )
+    assert (await _worker(client, "w1"))["faulted_jobs"] == 1
+    assert await client.balance("owner") == 0
+    again = (await client.pop(owner, "w1")).json()
+    assert again["id"] not in (None, job["id"])
+    assert (await client.submit(owner, job["id"], "x", state="faulted")).json()["rc"] == "DuplicateGen"
+
+
+async def test_more_than_two_failures_fault_the_request(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    rich = await client.user("rich", kudos=1000)
+    request_id = (await client.create(rich, slow_workers=False, params={"n": 2})).json()["id"]
+    assert await _rows(client, "SELECT active FROM kudos_holds") == [(True,)]
+    # Failure 1: a lapse; failures 2 and 3: faults. Meanwhile another job of it keeps running.
+    lapsing = (await client.pop(owner, "w1")).json()["id"]
+    client.clock.advance(140)
+    keep = (await client.pop(owner, "w0")).json()["id"]
+    client.clock.advance(20)
+    await client.sweep()
+    assert (await client.status(request_id)).json()["restarted"] == 1
+    for _ in range(2):
+        job = (await client.pop(owner, "w2")).json()
+        assert job["id"] is not None
+        await client.submit(owner, job["id"], "", state="faulted")
+    status = (await client.status(request_id)).json()
+    assert status["faulted"] is True
+    assert (status["waiting"], status["processing"]) == (0, 1)
+    assert (await client.pop(owner, "w3")).json()["id"] is None  # no longer offered
+    # The hold stays while a job runs, then is released; the running job is still paid.
+    assert await _rows(client, "SELECT active FROM kudos_holds") == [(True,)]
+    assert (await client.submit(owner, keep, "x" * 80)).status_code == 200
+    assert await _rows(client, "SELECT active, remaining FROM kudos_holds") == [(False, 0.0)]
+    status = (await client.status(request_id)).json()
+    assert status["faulted"] is True
+    assert status["finished"] == 1
+    assert (await client.submit(owner, lapsing, "late")).json()["rc"] == "AbortedGen"
+
+
+async def test_lease_speed_samples_mean_and_capacity(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    await client.pop(owner, "w1")
+    for seconds, chars in ((10, 400), (50, 401)):  # 100 tokens in 10 s; ceil(401/4) = 101 tokens in 50 s
+        await client.create(ANON)
+        job = (await client.pop(owner, "w1")).json()
+        client.clock.advance(seconds)
+        assert (await client.submit(owner, job["id"], "x" * chars)).status_code == 200
+    worker = await _worker(client, "w1")
+    expected = (100 / 10 + 101 / 50) / 2
+    assert worker["speed_measured"] is True
+    assert math.isclose(worker["lease_speed"], expected, rel_tol=1e-6)
+    assert worker["capacity"] == math.floor(expected * 120)
+    assert worker["performance"] == f"{expected:.1f} tokens per second"
+    [(tokens,)] = await _rows(client, "SELECT tokens FROM generations WHERE length(text) = 401")
+    assert tokens == 101
+
+
+async def test_lease_speed_is_the_mean_of_the_newest_20(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    await client.create(ANON)
+    job = (await client.pop(owner, "w1")).json()
+    client.clock.advance(1)
+    await client.submit(owner, job["id"], "x" * 4000)  # an outlier: 1000 tokens/s
+    assert (await _worker(client, "w1"))["lease_speed"] == 1000
+    await client.create(ANON, params={"n": 20})
+    for _ in range(20):
+        job = (await client.pop(owner, "w1")).json()
+        client.clock.advance(20)
+        await client.submit(owner, job["id"], "x" * 200)  # 50 tokens in 20 s: 2.5 tokens/s
+    worker = await _worker(client, "w1")
+    assert worker["lease_speed"] == 2.5
+    assert worker["capacity"] == 300
+    assert worker["requests_fulfilled"] == 21
+
+
+async def test_reported_completion_tokens_are_the_sample(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    chat = {"max_completion_tokens": 512, "max_context_tokens": 4096}
+    await client.pop(owner, "chatty", models=["m"], chat=chat)
+    created = await client.create(ANON, models=["m"], chat={"messages": [{"role": "user", "content": "hi"}]})
+    assert created.status_code == 202, created.text
+    job = (await client.pop(owner, "chatty", models=["m"], chat=chat)).json()
+    assert job["kind"] == "chat"
+    client.clock.advance(10)
+    submitted = await client.submit(
+        owner, job["id"], "short",
+        chat={"message": {"role": "assistant", "content": "short"}, "usage": {"completion_tokens": 300}},
+    )  # fmt: skip
+    assert submitted.status_code == 200, submitted.text
+    assert (await _worker(client, "chatty"))["lease_speed"] == 30.0
+
+
+async def test_concurrent_pops_never_hand_out_a_job_twice(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    workers = [f"w{i}" for i in range(8)]
+    for name in workers:
+        await client.pop(owner, name)
+    request_ids = [(await client.create(ANON, params={"n": 2})).json()["id"] for _ in range(6)]
+    await client.create(ANON, params={"n": 3})
+    total = 6 * 2 + 3
+    handed: list[str] = []
+    for _ in range(40):
+        answers = await asyncio.gather(*(client.pop(owner, name, amount=2, threads=2) for name in workers))
+        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+        ids = [i for a in answers for i in a.json()["ids"]]
+        handed += ids
+        if not ids and len(handed) >= total:
+            break
+    assert len(handed) == len(set(handed)) == total
+    per_request = dict(
+        await _rows(client, "SELECT request_id, count(*) FROM generations GROUP BY request_id")
+    )
+    totals = dict(await _rows(client, "SELECT id, n_total FROM text_requests"))
+    assert per_request == totals
+    assert all(per_request[r] == 2 for r in request_ids)
+    assert await _rows(client, "SELECT id FROM text_requests WHERE n_remaining != 0") == []
+
+
+async def test_concurrent_pops_on_one_big_request(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    workers = [f"w{i}" for i in range(6)]
+    for name in workers:
+        await client.pop(owner, name)
+    request_id = (await client.create(ANON, params={"n": 5})).json()["id"]
+    handed: list[str] = []
+    for _ in range(20):
+        answers = await asyncio.gather(*(client.pop(owner, name) for name in workers))
+        handed += [i for a in answers for i in a.json()["ids"]]
+        if len(handed) >= 5:
+            break
+    answers = await asyncio.gather(*(client.pop(owner, name) for name in workers))  # nothing left
+    handed += [i for a in answers for i in a.json()["ids"]]
+    assert len(handed) == len(set(handed)) == 5
+    status = (await client.status(request_id)).json()
+    assert (status["waiting"], status["processing"]) == (0, 5)
