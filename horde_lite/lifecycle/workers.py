@@ -6,6 +6,7 @@ import math
 import uuid
 
 from sqlalchemy import delete, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import User, Worker, WorkerModel
@@ -52,14 +53,22 @@ async def check_in(
     owned by someone else, and for the anonymous user."""
     if owner.anonymous:
         raise HordeError(403, "AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
-    worker = (await session.execute(select(Worker).where(Worker.name == body.name))).scalar_one_or_none()
+    # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
+    # so their model lists never race.
+    by_name = select(Worker).where(Worker.name == body.name).with_for_update()
+    worker = (await session.execute(by_name)).scalar_one_or_none()
     if worker is None:
-        worker = Worker(
-            id=str(uuid.uuid4()), name=body.name, owner_id=owner.id, created_at=now, last_check_in=now,
-            speed_samples=[],
-        )  # last_check_in now: the priority-user lookup below autoflushes the new row
-        session.add(worker)
-    elif worker.owner_id != owner.id:
+        try:
+            async with session.begin_nested():
+                worker = Worker(
+                    id=str(uuid.uuid4()), name=body.name, owner_id=owner.id, created_at=now,
+                    last_check_in=now, speed_samples=[],
+                )  # fmt: skip
+                session.add(worker)
+                await session.flush()
+        except IntegrityError:  # another pop created this worker first (PostgreSQL)
+            worker = (await session.execute(by_name)).scalar_one()
+    if worker.owner_id != owner.id:
         raise HordeError(403, "WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
     models = list(dict.fromkeys(m.strip() for m in body.models if m.strip()))[:100]
     worker.trusted = owner.trusted

@@ -9,9 +9,29 @@ import math
 from collections import Counter
 from typing import Any
 
+import httpx
 from sqlalchemy import text
 
 from tests.support.horde import ANON, HordeClient
+
+
+def _post_blocking(client: HordeClient, path: str, key: str, body: dict[str, Any]) -> httpx.Response:
+    """POST through the app's ASGI transport from a worker thread. AsyncTestClient runs the app on
+    a blocking portal, so its own awaits are serialized; calls made from several threads at once
+    run concurrently on that portal's event loop, like requests from several real workers."""
+    request = httpx.Request("POST", f"{client.http.base_url}{path}", json=body, headers={"apikey": key})
+    response = client.http._transport.handle_request(request)  # type: ignore[attr-defined]
+    response.read()
+    return response
+
+
+async def concurrently(client: HordeClient, path: str, calls: list[tuple[str, dict[str, Any]]]) -> list[Any]:
+    """Send (key, body) POSTs to `path` all at once; returns the decoded answers in order."""
+    answers = await asyncio.gather(
+        *(asyncio.to_thread(_post_blocking, client, path, key, body) for key, body in calls)
+    )
+    assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
+    return [a.json() for a in answers]
 
 
 async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
@@ -79,7 +99,13 @@ async def test_concurrent_submits_of_one_job_pay_once(client: HordeClient) -> No
     owner = await client.user("owner")
     await client.create(ANON, models=["m-12B"])
     job = (await client.pop(owner, "w1", models=["m-12B"])).json()
-    answers = await asyncio.gather(*(client.submit(owner, job["id"], "x" * 100) for _ in range(4)))
+    body = {"id": job["id"], "generation": "x" * 100, "state": "ok"}
+    answers = await asyncio.gather(
+        *(
+            asyncio.to_thread(_post_blocking, client, "/api/v2/generate/text/submit", owner, body)
+            for _ in range(4)
+        )
+    )
     codes = Counter(a.status_code for a in answers)
     assert codes == {200: 1, 400: 3}
     assert {a.json()["rc"] for a in answers if a.status_code == 400} == {"DuplicateGen"}
@@ -270,10 +296,10 @@ async def test_concurrent_pops_never_hand_out_a_job_twice(client: HordeClient) -
     await client.create(ANON, params={"n": 3})
     total = 6 * 2 + 3
     handed: list[str] = []
+    pops = [(owner, {"name": name, "amount": 2, "threads": 2}) for name in workers]
     for _ in range(40):
-        answers = await asyncio.gather(*(client.pop(owner, name, amount=2, threads=2) for name in workers))
-        assert all(a.status_code == 200 for a in answers), [a.text for a in answers]
-        ids = [i for a in answers for i in a.json()["ids"]]
+        answers = await concurrently(client, "/api/v2/generate/text/pop", pops)
+        ids = [i for a in answers for i in a["ids"]]
         handed += ids
         if not ids and len(handed) >= total:
             break
@@ -294,13 +320,33 @@ async def test_concurrent_pops_on_one_big_request(client: HordeClient) -> None:
         await client.pop(owner, name)
     request_id = (await client.create(ANON, params={"n": 5})).json()["id"]
     handed: list[str] = []
+    pops = [(owner, {"name": name}) for name in workers]
     for _ in range(20):
-        answers = await asyncio.gather(*(client.pop(owner, name) for name in workers))
-        handed += [i for a in answers for i in a.json()["ids"]]
+        handed += [i for a in await concurrently(client, "/api/v2/generate/text/pop", pops) for i in a["ids"]]
         if len(handed) >= 5:
             break
-    answers = await asyncio.gather(*(client.pop(owner, name) for name in workers))  # nothing left
-    handed += [i for a in answers for i in a.json()["ids"]]
+    # Nothing is left to hand out.
+    handed += [i for a in await concurrently(client, "/api/v2/generate/text/pop", pops) for i in a["ids"]]
     assert len(handed) == len(set(handed)) == 5
     status = (await client.status(request_id)).json()
     assert (status["waiting"], status["processing"]) == (0, 5)
+
+
+async def test_concurrent_first_pops_of_one_worker(client: HordeClient) -> None:
+    """A worker with several threads may pop from each at once on its first start."""
+    owner = await client.user("owner")
+    await client.create(ANON, models=["m"], params={"n": 4})
+    answers = await concurrently(
+        client, "/api/v2/generate/text/pop", [(owner, {"name": "multi", "models": ["m"]}) for _ in range(4)]
+    )
+    ids = [i for a in answers for i in a["ids"]]
+    assert len(ids) == len(set(ids))
+    assert await _rows(client, "SELECT name FROM workers") == [("multi",)]
+    assert await _rows(client, "SELECT model FROM worker_models") == [("m",)]
+    # Its threads declare a new model list at once.
+    answers = await concurrently(
+        client,
+        "/api/v2/generate/text/pop",
+        [(owner, {"name": "multi", "models": ["n", "m"]}) for _ in range(4)],
+    )
+    assert await _rows(client, "SELECT model FROM worker_models ORDER BY model") == [("m",), ("n",)]
