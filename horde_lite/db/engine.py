@@ -29,6 +29,11 @@ def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> Asy
         kwargs["poolclass"] = NullPool
     elif not is_sqlite(url):
         kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+    if not is_sqlite(url):
+        # The eligibility subqueries make the planner's cost estimates large, which trips JIT
+        # compilation (jit_above_cost) on every wait estimate: seconds of LLVM work for a query
+        # that runs in milliseconds (bench/README.md). Short OLTP queries never gain from JIT.
+        kwargs["connect_args"] = {"server_settings": {"jit": "off"}}
     engine = create_async_engine(url, **kwargs)
     if is_sqlite(url):
         _sqlite_pragmas(engine)
