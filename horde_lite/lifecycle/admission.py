@@ -352,6 +352,10 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         # The key's own limits first: an expired, empty or capped key is refused whatever the
         # request would cost (its budget is checked against the cost below).
         check_shared_key(spec.requester.shared_key, now, spec.max_length, 0.0)
+    if not spec.requester.user.anonymous:
+        # One registered requester's creations serialize: its waiting count and spendable kudos are
+        # read, then acted on (two concurrent funded requests must not both spend the same kudos).
+        await session.refresh(spec.requester.user, with_for_update=True)
     await _too_many(session, horde, spec)
     cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
     row = await _insert(session, horde, spec, now)

@@ -30,16 +30,26 @@ def count_tokens(text: str, reported: int | None) -> int:
 async def load_generation_for_worker(
     session: AsyncSession, user: User, generation_id: str, *, lock: bool = True
 ) -> tuple[Generation, Worker, TextRequest]:
-    query = select(Generation).where(Generation.id == generation_id)
+    missing = HordeError(404, "InvalidJobID", f"No processing generation with id {generation_id}.")
+    request_id = (
+        await session.execute(select(Generation.request_id).where(Generation.id == generation_id))
+    ).scalar_one_or_none()
+    if request_id is None:
+        raise missing
+    # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation,
+    # then the worker. Concurrent submits, faults and lapses of one request then serialize, never
+    # lose an update of its counts (PostgreSQL; SQLite has one writer) and never deadlock.
+    request = await session.get(TextRequest, request_id, with_for_update=lock or None, populate_existing=True)
+    query = select(Generation).where(Generation.id == generation_id).execution_options(populate_existing=True)
     if lock:
         query = query.with_for_update()
     generation = (await session.execute(query)).scalar_one_or_none()
-    if generation is None:
-        raise HordeError(404, "InvalidJobID", f"No processing generation with id {generation_id}.")
-    worker = await session.get(Worker, generation.worker_id)
-    request = await session.get(TextRequest, generation.request_id)
+    if generation is None or request is None:
+        raise missing
+    worker = await session.get(
+        Worker, generation.worker_id, with_for_update=lock or None, populate_existing=True
+    )
     assert worker is not None
-    assert request is not None
     if worker.owner_id != user.id:
         raise HordeError(403, "WrongCredentials", "This generation belongs to another user's worker.")
     return generation, worker, request

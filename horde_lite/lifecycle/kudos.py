@@ -125,8 +125,11 @@ async def charge_job(
 ) -> float:
     """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. Returns the charge."""
     charge = round(reward + 1, 2)
-    await record(session, worker_owner_id, reward, "reward", generation_id, now)
-    await record(session, requester_id, -charge, "charge", generation_id, now)
+    # Update the two balances in user id order, so two submits paying each other's users in
+    # opposite directions cannot deadlock on PostgreSQL.
+    entries = [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")]
+    for user_id, amount, kind in sorted(entries, key=lambda e: e[0]):
+        await record(session, user_id, amount, kind, generation_id, now)
     if shared_key_hash is not None:
         await session.execute(
             update(SharedKey)

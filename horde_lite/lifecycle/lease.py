@@ -39,25 +39,45 @@ async def lapse_expired(
 ) -> int:
     """Abort every processing generation whose lease has lapsed (optionally of one request or one
     generation: reads that depend on a lapse honour it between two sweeps)."""
-    query = (
-        select(Generation)
-        .where(Generation.state == "processing", Generation.lease_expires_at < now)
-        .order_by(Generation.lease_expires_at)
-        .limit(500)
-        .with_for_update(skip_locked=True)
-    )
+    lapsed = Generation.state == "processing", Generation.lease_expires_at < now
+    query = select(Generation.request_id).where(*lapsed).order_by(Generation.lease_expires_at).limit(500)
     if request_id is not None:
         query = query.where(Generation.request_id == request_id)
     if generation_id is not None:
         query = query.where(Generation.id == generation_id)
-    generations = list((await session.execute(query)).scalars())
-    for generation in generations:
-        worker = await session.get(Worker, generation.worker_id)
-        request = await session.get(TextRequest, generation.request_id)
-        if worker is not None and request is not None:
-            await lapse(session, horde, generation, worker, request)
+    request_ids = sorted(set((await session.execute(query)).scalars()))
+    # The sweep skips a request another transaction holds (the next pass takes it); a read that
+    # must honour the lapse waits for it.
+    sweeping = request_id is None and generation_id is None
+    count = 0
+    for rid in request_ids:
+        # Lock order: the request, then its generations, then the worker (as submit and cancel).
+        locked = (
+            select(TextRequest)
+            .where(TextRequest.id == rid)
+            .with_for_update(skip_locked=sweeping)
+            .execution_options(populate_existing=True)
+        )
+        request = (await session.execute(locked)).scalar_one_or_none()
+        if request is None:
+            continue
+        generations = (
+            select(Generation)
+            .where(Generation.request_id == rid, *lapsed)
+            .with_for_update()
+            .execution_options(populate_existing=True)
+        )
+        if generation_id is not None:
+            generations = generations.where(Generation.id == generation_id)
+        for generation in list((await session.execute(generations)).scalars()):
+            worker = await session.get(
+                Worker, generation.worker_id, with_for_update=True, populate_existing=True
+            )
+            if worker is not None:
+                await lapse(session, horde, generation, worker, request)
+                count += 1
     await session.flush()
-    return len(generations)
+    return count
 
 
 async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> int:
