@@ -1,0 +1,241 @@
+"""Streaming chat jobs: progress posts, the lease they extend, lapses before and after output, and
+the client going away (behaviour.md §3, api.md "Chat jobs on the worker side"). Both databases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import uuid
+from collections.abc import AsyncIterator
+from datetime import datetime
+from typing import Any
+
+import openai
+import pytest
+
+from horde_lite.clock import ManualClock
+from horde_lite.settings import Settings
+from tests.integration.test_chat_support import (
+    MODEL,
+    Chat,
+    ChatWorker,
+    gather_stream,
+    in_background,
+    joined,
+    open_chat,
+    settled,
+)
+
+HI = [{"role": "user", "content": "Tell me a story."}]
+
+
+@pytest.fixture
+async def chat(settings: Settings, clock: ManualClock) -> AsyncIterator[Chat]:
+    async with open_chat(settings, clock) as opened:
+        yield opened
+
+
+def epoch(iso: str) -> float:
+    assert iso.endswith("Z"), iso
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+async def start_stream(chat: Chat, worker: ChatWorker, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+    """A streaming /v1 request taken by `worker`: the stream opens once the job is assigned."""
+    creating = await in_background(
+        chat.openai().chat.completions.create(model=MODEL, messages=HI, stream=True, **kwargs)
+    )
+    job = await worker.pop_job()
+    assert job["stream"] is True
+    return await settled(creating), job
+
+
+async def test_progress_extends_the_lease_up_to_max_seconds(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker)
+    reading = await in_background(gather_stream(stream))
+    [generation] = await chat.generations((await chat.until_request()).id)
+    popped = generation.popped_at
+    lease = chat.horde.settings.lease
+    assert job["ttl"] == lease.base_seconds == 150
+
+    first = await worker.progress(job["id"], 1, "a")
+    assert first.status_code == 200, first.text
+    assert first.json()["cancel"] is False
+    # now + 30 s is inside the base lease: nothing to extend yet.
+    assert epoch(first.json()["lease_expires_at"]) == pytest.approx(popped + 150, abs=1e-3)
+    chat.clock.advance(140)
+    second = await worker.progress(job["id"], 2, "b")
+    assert epoch(second.json()["lease_expires_at"]) == pytest.approx(popped + 170, abs=1e-3)
+    elapsed, seq = 140, 3
+    while elapsed < lease.max_seconds:
+        step = min(25, lease.max_seconds - elapsed)
+        chat.clock.advance(step)
+        elapsed += step
+        answer = await worker.progress(job["id"], seq, ".")
+        assert answer.status_code == 200, (elapsed, answer.text)
+        expected = min(popped + elapsed + lease.progress_extension_seconds, popped + lease.max_seconds)
+        assert epoch(answer.json()["lease_expires_at"]) == pytest.approx(expected, abs=1e-3)
+        seq += 1
+    assert elapsed == lease.max_seconds == 900
+    # Capped at popped_at + max_seconds: one second later the lease has lapsed.
+    chat.clock.advance(1)
+    late = await worker.progress(job["id"], seq, "late")
+    assert (late.status_code, late.json()["rc"]) == (400, "AbortedGen")
+    chunks, error = await settled(reading)
+    # Output had been streamed, so the lapse ends the stream with an in-stream error.
+    assert isinstance(error, openai.APIError)
+    assert error.body["code"] == "worker_failed"  # type: ignore[index]
+    assert joined(chunks).startswith("ab..")
+    assert "late" not in joined(chunks)
+    assert (await worker.pop())["id"] is None  # the request was cancelled, not restarted
+
+
+async def test_repeats_are_acknowledged_and_gaps_refused(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker)
+    reading = await in_background(gather_stream(stream))
+    first = await worker.progress(job["id"], 1, "Hello", completion_tokens=2)
+    assert first.status_code == 200
+    chat.clock.advance(130)
+    repeat = await worker.progress(job["id"], 1, "Hello", completion_tokens=2)
+    assert repeat.status_code == 200
+    # Acknowledged, and not extended.
+    assert repeat.json() == {"lease_expires_at": first.json()["lease_expires_at"], "cancel": False}
+    gap = await worker.progress(job["id"], 3, "!!")
+    assert gap.status_code == 409
+    assert gap.json()["rc"] == "ProgressOutOfOrder"
+    assert "2" in gap.json()["message"]
+    second = await worker.progress(job["id"], 2, ", world", completion_tokens=4)
+    assert second.status_code == 200
+    assert epoch(second.json()["lease_expires_at"]) > epoch(first.json()["lease_expires_at"])
+    request = await chat.until_request()
+    [generation] = await chat.generations(request.id)
+    assert (generation.progress_seq, generation.progress_content) == (2, "Hello, world")
+    assert generation.completion_tokens == 4
+    assert (await worker.submit(job["id"], "Hello, world!")).status_code == 200
+    chunks, error = await settled(reading)
+    assert error is None
+    assert joined(chunks) == "Hello, world!"
+
+
+async def test_progress_only_from_the_lease_holder_of_a_streaming_chat_job(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    other = await chat.hc.user("intruder")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker)
+    reading = await in_background(gather_stream(stream))
+
+    wrong = await worker.progress(job["id"], 1, "x", key=other)
+    assert (wrong.status_code, wrong.json()["rc"]) == (403, "WrongCredentials")
+    unknown = await worker.progress(str(uuid.uuid4()), 1, "x")
+    assert (unknown.status_code, unknown.json()["rc"]) == (404, "InvalidJobID")
+    bad = await chat.http.post(
+        "/api/v2/generate/text/progress", json={"id": job["id"], "seq": 0}, headers={"apikey": key}
+    )
+    assert bad.status_code == 400
+    assert "errors" in bad.json()
+    assert (await worker.progress(job["id"], 1, "fine")).status_code == 200
+    assert (await worker.submit(job["id"], "fine")).status_code == 200
+    done = await worker.progress(job["id"], 2, "more")
+    assert (done.status_code, done.json()["rc"]) == (400, "DuplicateGen")
+    chunks, error = await settled(reading)
+    assert error is None
+    assert joined(chunks) == "fine"
+    # A legacy job takes no progress posts.
+    await chat.hc.create(key, models=[MODEL], params={"max_length": 64})
+    legacy = await worker.pop()
+    assert legacy["kind"] == "text"
+    refused = await worker.progress(legacy["id"], 1, "x")
+    assert (refused.status_code, refused.json()["rc"]) == (400, "NotStreamingJob")
+
+
+async def test_client_disconnect_cancels_the_request_and_tells_the_worker(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker)
+    first = await worker.progress(job["id"], 1, "Once upon")
+    assert first.json()["cancel"] is False
+    seen = ""
+    async for chunk in stream:
+        seen += chunk.choices[0].delta.content or ""
+        if seen:
+            break
+    assert seen == "Once upon"
+    await stream.close()  # the client goes away mid-stream
+    request = await chat.until_request()
+    assert (await chat.request(request.id)).state == "cancelled"
+    second = await worker.progress(job["id"], 2, " a time")
+    assert second.status_code == 200
+    assert second.json()["cancel"] is True
+    # The worker stops and submits what it has; it is paid, and the request ends.
+    assert (await worker.submit(job["id"], "Once upon")).json()["reward"] > 0
+    status = (await chat.hc.status(request.id)).json()
+    assert status["done"] is True
+    assert await chat.active_holds() == 0
+
+
+async def test_client_leaving_before_assignment_cancels_the_request(chat: Chat) -> None:
+    key = await chat.hc.user("owner", kudos=100_000)
+    big = {"max_completion_tokens": 8192, "max_context_tokens": 16384, "features": [], "image_transports": []}
+    worker = chat.worker(key, "w1", chat=big)
+    await worker.pop()  # online, but it does not pop again while the client waits
+    # A funded request (over the free allowance), so its hold must be released too.
+    client = chat.openai(key)
+    asking = await in_background(client.chat.completions.create(model=MODEL, messages=HI, max_tokens=8000))
+    request = await chat.until_request()
+    assert await chat.active_holds() == 1
+    asking.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await settled(asking)
+    assert (await chat.request(request.id)).state == "cancelled"
+    assert await chat.active_holds() == 0
+    assert (await worker.pop())["id"] is None
+
+
+async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    first = chat.worker(key, "first")
+    second = chat.worker(key, "second")
+    await first.pop()
+    await second.pop()
+    stream, job = await start_stream(chat, first)
+    reading = await in_background(gather_stream(stream))
+    chat.clock.advance(chat.horde.settings.lease.base_seconds + 1)  # the first worker never answers
+    again = await second.serve("Second time lucky.")
+    assert again["payload"] == job["payload"]
+    chunks, error = await settled(reading)
+    assert error is None
+    assert joined(chunks) == "Second time lucky."
+    late = await first.submit(job["id"], "too late")
+    assert (late.status_code, late.json()["rc"]) == (400, "AbortedGen")
+    request = await chat.until_request()
+    assert (await chat.hc.status(request.id)).json()["restarted"] == 1
+
+
+async def test_a_lapse_after_output_ends_the_stream_with_an_error_event(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    popping = await in_background(worker.pop_job())
+    body = {"model": MODEL, "messages": HI, "stream": True}
+    async with chat.http.stream("POST", "/v1/chat/completions", json=body) as response:
+        job = await settled(popping)
+        assert (await worker.progress(job["id"], 1, "partial")).status_code == 200
+        chat.clock.advance(chat.horde.settings.lease.base_seconds + 1)
+        text = (await response.aread()).decode()
+    events = [e for e in text.split("\n\n") if e]
+    assert "partial" in text
+    assert "[DONE]" not in text
+    error = json.loads(events[-1].removeprefix("data: "))["error"]
+    assert error["code"] == "worker_failed"
+    assert error["type"] == "server_error"
+    # The stream ended, so the request was cancelled rather than given to another worker.
+    assert (await worker.pop())["id"] is None
