@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import func, select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import SharedKey, User, Worker
@@ -45,13 +46,21 @@ class Requester:
 
 
 async def ensure_anonymous(session: AsyncSession, now: float) -> User:
-    user = (await session.execute(select(User).where(User.anonymous.is_(True)))).scalar_one_or_none()
+    query = select(User).where(User.anonymous.is_(True))
+    user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
-        user = User(
-            username=ANONYMOUS_NAME, api_key_hash=hash_key(ANONYMOUS_KEY), anonymous=True, created_at=now
-        )
-        session.add(user)
-        await session.flush()
+        try:
+            async with session.begin_nested():
+                user = User(
+                    username=ANONYMOUS_NAME,
+                    api_key_hash=hash_key(ANONYMOUS_KEY),
+                    anonymous=True,
+                    created_at=now,
+                )
+                session.add(user)
+                await session.flush()
+        except IntegrityError:  # another first anonymous request created it (PostgreSQL)
+            user = (await session.execute(query)).scalar_one()
     return user
 
 
@@ -62,6 +71,8 @@ async def create_user(
     username = username.strip()
     if not username or len(username) > 100:
         raise HordeError(400, "BadRequest", "A username must be 1 to 100 characters.")
+    if username.lower() == ANONYMOUS_NAME.lower() or "#" in username:
+        raise HordeError(400, "BadRequest", f"{username!r} is reserved or contains '#'; pick another name.")
     exists = await session.execute(select(User.id).where(User.username == username))
     if exists.first() is not None:
         raise HordeError(400, "BadRequest", f"A user named {username!r} already exists.")

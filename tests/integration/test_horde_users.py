@@ -3,9 +3,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from sqlalchemy import text
 
 from horde_lite.lifecycle.users import hash_key
+from tests.integration.test_horde_jobs import _post_blocking
 from tests.support.horde import ANON, HordeClient
 
 
@@ -93,3 +96,15 @@ async def test_bearer_header_is_accepted_on_the_horde_api(client: HordeClient) -
     found = await client.http.get("/api/v2/find_user", headers={"Authorization": f"Bearer {key}"})
     assert found.status_code == 200
     assert found.json()["username"].startswith("dora#")
+
+
+async def test_concurrent_first_anonymous_requests(client: HordeClient) -> None:
+    """The anonymous user is created on first use; several first uses at once all succeed."""
+    path = "/api/v2/generate/text/async"
+    answers = await asyncio.gather(
+        *(asyncio.to_thread(_post_blocking, client, path, ANON, {"prompt": "hi"}) for _ in range(6))
+    )
+    assert [a.status_code for a in answers] == [202] * 6, [a.text for a in answers]
+    async with client.horde.sessionmaker() as session:
+        assert (await session.execute(text("SELECT count(*) FROM users WHERE anonymous"))).scalar_one() == 1
+        assert (await session.execute(text("SELECT count(*) FROM text_requests"))).scalar_one() == 6

@@ -212,3 +212,10 @@ def test_console_script_users_create_and_policies_list(db_url: str, tmp_path: Pa
     )  # fmt: skip
     assert listed.returncode == 0, listed.stderr
     assert "prefer_capable" in listed.stdout
+
+
+def test_users_create_refuses_reserved_names(run: Any, db_url: str) -> None:
+    for name in ("Anonymous", "anonymous", "ann#3"):
+        result = run(cli.users, "create", name)
+        assert result.exit_code != 0, name
+    assert _query(db_url, select(User.id)) == []
