@@ -30,7 +30,11 @@ async def decode(request: Request[Any, Any, Any], type_: type[T]) -> T:
     if not raw.strip():
         raw = b"{}"
     try:
-        return msgspec.json.decode(raw, type=type_)
+        decoded = msgspec.json.decode(raw, type=type_)
+        if b"\\u0000" in raw and _has_nul(msgspec.json.decode(raw)):
+            # PostgreSQL text cannot hold NUL (SQLite can): refuse it the same way on both.
+            raise HordeError(400, "BadRequest", "Strings in the request body may not contain NUL characters.")
+        return decoded
     except msgspec.ValidationError as e:
         path = str(e).rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in str(e) else "body"
         raise HordeError(
@@ -38,6 +42,16 @@ async def decode(request: Request[Any, Any, Any], type_: type[T]) -> T:
         ) from e
     except msgspec.DecodeError as e:
         raise HordeError(400, "BadRequest", f"The request body is not valid JSON: {e}") from e
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    return False
 
 
 def apikey_of(request: Request[Any, Any, Any]) -> str | None:

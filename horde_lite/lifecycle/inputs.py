@@ -12,6 +12,10 @@ CHAT_FEATURES = ("tools", "json_schema", "vision")
 IMAGE_TRANSPORTS = ("url", "base64")
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
+# Model names are stored in VARCHAR(255) columns (worker_models, request_models).
+ModelName = Annotated[str, msgspec.Meta(max_length=255)]
+# A submitted seed is stored as text in a VARCHAR(64): a 64-bit integer or a short string.
+Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | Annotated[str, msgspec.Meta(max_length=64)]
 
 
 class _In(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -29,7 +33,7 @@ class ChatBlock(_In, forbid_unknown_fields=True):
 
 class PopInput(_In):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
-    models: list[str] = []
+    models: list[ModelName] = []
     max_length: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
     max_context_length: Annotated[int, msgspec.Meta(ge=80, le=1_048_576)] = 2048
     threads: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
@@ -72,7 +76,7 @@ class ChatPayload(_In):
 class TextRequestInput(_In):
     prompt: str = ""
     params: dict[str, Any] = {}
-    models: list[str] = []
+    models: list[ModelName] = []
     workers: list[str] = []
     worker_blacklist: bool | list[str] = []
     trusted_workers: bool = False
@@ -98,7 +102,7 @@ class SubmitInput(_In):
     id: str
     generation: str = ""
     state: Literal["ok", "censored", "faulted", "csam"] = "ok"
-    seed: int | str | None = None
+    seed: Seed | None = None
     gen_metadata: list[dict[str, Any]] | None = None
     chat: SubmitChat | None = None
 

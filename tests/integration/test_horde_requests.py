@@ -539,3 +539,31 @@ async def test_too_many_prompts(db_url: str) -> None:
         )
         again = await client.create(key if owner_of == "busy" else ANON)
         assert again.status_code == 202
+
+
+async def test_values_the_database_cannot_store_are_a_400(client: HordeClient) -> None:
+    """PostgreSQL refuses NUL in text and over-long VARCHARs; both databases answer the same 400."""
+    key = await client.user("owner")
+    await client.create(ANON)
+    job = (await client.pop(key, "w1")).json()
+    cases = [
+        ("/api/v2/generate/text/async", {"prompt": "p", "models": ["m" * 256]}),
+        ("/api/v2/generate/text/async", {"prompt": "a\x00b"}),
+        ("/api/v2/generate/text/async", {"prompt": "p", "models": ["a\x00b"]}),
+        ("/api/v2/generate/text/async", {"prompt": "p", "params": {"stop_sequence": ["\x00"]}}),
+        ("/api/v2/generate/text/pop", {"name": "w2", "models": ["m" * 256]}),
+        ("/api/v2/generate/text/pop", {"name": "a\x00b"}),
+        ("/api/v2/generate/text/submit", {"id": job["id"], "generation": "x", "seed": "9" * 65}),
+        ("/api/v2/generate/text/submit", {"id": job["id"], "generation": "x", "seed": 10**30}),
+        ("/api/v2/generate/text/submit", {"id": job["id"], "generation": "nul\x00"}),
+    ]
+    for path, body in cases:
+        response = await client.http.post(path, json=body, headers={"apikey": key})
+        assert response.status_code == 400, (path, body, response.text)
+        assert response.json()["rc"] == "BadRequest"
+    assert await _scalar(client, "SELECT count(*) FROM text_requests") == 1
+    assert await _scalar(client, "SELECT count(*) FROM workers") == 1
+    # The limits themselves are fine, and so is a "\u0000" that is only text.
+    assert (await client.create(ANON, models=["m" * 255], prompt="a \\u0000 b")).status_code == 202
+    done = await client.submit(key, job["id"], "x", seed=-(2**63))
+    assert done.status_code == 200, done.text
