@@ -71,16 +71,17 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
     now = horde.clock.now()
     settings = horde.settings
     worker = await check_in(session, owner, body, settings, now)
-    horde.policies.shadow_metrics.on_pop(
-        horde.metrics,
-        PopCheck(
-            worker_id=worker.id,
-            worker_trusted=worker.trusted,
-            capacity=worker.capacity,
-            chat_max_completion_tokens=worker.chat_max_completion_tokens,
-        ),
-    )
     fake = worker.paused
+    if not fake:  # a paused worker's pops serve fake jobs, which no metric records
+        horde.policies.shadow_metrics.on_pop(
+            horde.metrics,
+            PopCheck(
+                worker_id=worker.id,
+                worker_trusted=worker.trusted,
+                capacity=worker.capacity,
+                chat_max_completion_tokens=worker.chat_max_completion_tokens,
+            ),
+        )
     request = await _candidate(session, horde, worker, now, fake=fake)
     if request is None:
         return worker, None
