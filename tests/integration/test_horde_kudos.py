@@ -355,3 +355,24 @@ async def test_random_sequences_reconcile(client: HordeClient, seed: int) -> Non
         assert seen[op] > 0, seen
     [(charges,)] = await _rows(client, "SELECT count(*) FROM kudos_events WHERE kind = 'charge'")
     assert charges > 0
+
+
+async def test_the_operators_model_reference_prices_and_rewards(db_url: str) -> None:
+    from tests.integration.test_horde_requests import custom_client
+
+    async with custom_client(
+        db_url, kudos={"models": {"house-model": 30, "Rocinante-X-12B-v1": 6}}
+    ) as client:
+        rich = await client.user("rich", kudos=1000)
+        owner = await client.user("owner")
+        quote = await client.create(
+            rich, models=["house-model"], params={"max_length": 70, "n": 2}, dry_run=True
+        )
+        assert quote.json()["kudos"] == pytest.approx(round(70 * 30 / 21, 2) * 2)  # 100 x 2
+        listed = await client.create(rich, models=["Rocinante-X-12B-v1"], dry_run=True)
+        assert listed.json()["kudos"] == pytest.approx(round(80 * 6 / 21, 2))  # the reference beats the name
+        await client.create(rich, models=["house-model"], params={"max_context_length": 1024})
+        job = (await client.pop(owner, "w1", models=["house-model"])).json()
+        reward = (await client.submit(owner, job["id"], "x" * 500)).json()["reward"]
+        assert reward == pytest.approx(round(125 * (30 / 13) ** 0.2 * 30 / 125 * 2.2, 2))
+        await reconcile(client)
