@@ -1,0 +1,311 @@
+"""The policy registry (issue 4, architecture.md "Shape"): policies are found only through the
+`horde_lite.speed_gate|allowance_curve|shadow_metrics` entry points, selected by name with options
+from `[policies]`, loaded once at start-up with an error naming the installed policies or the bad
+option, and listed by `horde-lite policies list`. A policy from another distribution, installed by
+the test as a real `*.dist-info` on sys.path, is discovered, selected by configuration and takes
+effect over HTTP."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import tomllib
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from importlib.metadata import distribution
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+from litestar.testing import AsyncTestClient
+
+import horde_lite
+from horde_lite import cli
+from horde_lite.app import create_app
+from horde_lite.clock import ManualClock
+from horde_lite.policies.contract import check_speed_gate
+from horde_lite.policies.protocols import KINDS, AllowanceCurve, ShadowMetrics, SpeedGate
+from horde_lite.policies.registry import PolicyError, installed, listing, load_policies
+from horde_lite.settings import load_settings
+from tests.conftest import make_settings
+from tests.support.horde import HordeClient
+
+PROJECT = Path(horde_lite.__file__).resolve().parent.parent
+BUILT_IN = {
+    "speed_gate": {"prefer_capable", "enforce_all", "enforce_chat", "off"},
+    "allowance_curve": {"estimated_wait", "horde_queue", "jobs_per_thread"},
+    "shadow_metrics": {"over_capacity", "off"},
+}
+PROTOCOL = {"speed_gate": SpeedGate, "allowance_curve": AllowanceCurve, "shadow_metrics": ShadowMetrics}
+NOWHERE = "sqlite+aiosqlite:///does-not-matter.db"  # the factory loads policies without connecting
+
+
+# --- built-in names ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
+    """Catches a stale install (entry points out of step with pyproject.toml) and a clash of the
+    top-level `plugins` package with another distribution's."""
+    found = installed(kind)
+    assert BUILT_IN[kind] <= set(found)
+    declared = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["entry-points"]
+    ours = {
+        ep.name: ep.value
+        for ep in distribution("horde-lite").entry_points
+        if ep.group == f"horde_lite.{kind}"
+    }
+    assert ours == declared[f"horde_lite.{kind}"], (
+        "the installed entry points are stale: reinstall horde-lite"
+    )
+    for name in BUILT_IN[kind]:
+        ep = found[name]
+        assert ep.dist is not None
+        assert ep.dist.name == "horde-lite"
+        policy_class = ep.load()
+        source = Path(sys.modules[policy_class.__module__].__file__ or "").resolve()
+        assert source.parent == PROJECT / "plugins", f"{ep.value} was imported from {source}"
+        assert isinstance(policy_class(), PROTOCOL[kind])
+
+
+def test_the_core_never_imports_plugins_by_name() -> None:
+    """Built-in policies are reached only through their entry points (architecture.md)."""
+    offenders = [
+        str(path.relative_to(PROJECT))
+        for path in (PROJECT / "horde_lite").rglob("*.py")
+        if any(
+            line.lstrip().startswith(("import plugins", "from plugins"))
+            for line in path.read_text().splitlines()
+        )
+    ]
+    assert offenders == []
+
+
+# --- selection from settings -------------------------------------------------------------------
+
+
+def test_policies_are_selected_by_name_from_settings() -> None:
+    settings = make_settings(
+        NOWHERE,
+        policies={"speed_gate": "enforce_chat", "allowance_curve": "horde_queue", "shadow_metrics": "off"},
+    )
+    policies = load_policies(settings.policies)
+    assert policies.names == {
+        "speed_gate": "enforce_chat",
+        "allowance_curve": "horde_queue",
+        "shadow_metrics": "off",
+    }
+    assert type(policies.speed_gate) is installed("speed_gate")["enforce_chat"].load()
+    assert type(policies.allowance_curve) is installed("allowance_curve")["horde_queue"].load()
+    assert type(policies.shadow_metrics) is installed("shadow_metrics")["off"].load()
+
+
+def test_defaults_are_the_seeds_choices() -> None:
+    policies = load_policies(make_settings(NOWHERE).policies)
+    assert policies.names == {
+        "speed_gate": "prefer_capable",
+        "allowance_curve": "estimated_wait",
+        "shadow_metrics": "over_capacity",
+    }
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '[policies]\nspeed_gate = "enforce_all"\n\n[policies.options.allowance_curve]\nbase = 400\n'
+        '\n[policies.allowance_curve]\nname = "horde_queue"\n',
+        '[policies.speed_gate]\nname = "enforce_all"\n\n[policies.allowance_curve]\nname = "horde_queue"\n'
+        "\n[policies.allowance_curve.options]\nbase = 400\n",
+    ],
+    ids=["short-form", "table-form"],
+)
+def test_options_from_litestar_toml_reach_the_policy(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "litestar.toml"
+    path.write_text(text)
+    policies = load_policies(load_settings(path, environ={}).policies)
+    assert policies.names["speed_gate"] == "enforce_all"
+    assert policies.allowance_curve.base == 400  # type: ignore[attr-defined]
+
+
+def test_an_unknown_name_stops_start_up_listing_the_installed_names() -> None:
+    settings = make_settings(NOWHERE, policies={"speed_gate": "fastest"})
+    with pytest.raises(PolicyError) as info:
+        create_app(settings, ManualClock(), run_sweeper=False)
+    message = str(info.value)
+    assert "speed_gate" in message
+    assert "'fastest'" in message
+    for name in BUILT_IN["speed_gate"]:
+        assert name in message
+
+
+@pytest.mark.parametrize(
+    ("kind", "name", "options", "names"),
+    [
+        ("speed_gate", "prefer_capable", {"strictness": 3}, "strictness"),
+        ("allowance_curve", "jobs_per_thread", {"full_jobs_per_thread": "lots"}, "full_jobs_per_thread"),
+        ("allowance_curve", "horde_queue", {"maximum": 1.5}, "maximum"),
+        ("allowance_curve", "jobs_per_thread", {"full_jobs_per_thread": 5.0}, "floor_jobs_per_thread"),
+        ("shadow_metrics", "over_capacity", {"record": "all"}, "record"),
+    ],
+)
+def test_a_wrong_option_stops_start_up_naming_the_key(
+    kind: str, name: str, options: dict[str, Any], names: str
+) -> None:
+    settings = make_settings(NOWHERE, policies={kind: name, "options": {kind: options}})
+    with pytest.raises(PolicyError) as info:
+        create_app(settings, ManualClock(), run_sweeper=False)
+    assert names in str(info.value)
+    assert f"[policies.{kind}.options]" in str(info.value)
+
+
+def test_options_for_an_unknown_kind_stop_start_up() -> None:
+    settings = make_settings(NOWHERE, policies={"options": {"speed_gates": {}}})
+    with pytest.raises(PolicyError, match="speed_gates"):
+        load_policies(settings.policies)
+
+
+# --- a policy from another distribution --------------------------------------------------------
+
+GATE_MODULE = '''
+"""A third-party speed gate: refuses every job while `refuse` is set."""
+import msgspec
+from sqlalchemy import false, true
+
+
+class RefuseAll(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    refuse: bool = True
+
+    def can_generate_with_eligibility_inputs(self, inputs):
+        return not self.refuse
+
+    def text_wp_speed_gate_clause(self, sql):
+        return false() if self.refuse else true()
+
+
+class NotAGate:
+    pass
+'''
+
+
+@dataclass(frozen=True)
+class ThirdParty:
+    distribution: str
+    module: str
+    gate: str  # entry point name of the working gate
+    not_a_gate: str
+    broken: str
+
+
+@pytest.fixture
+def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThirdParty]:
+    """Install a distribution the way pip would leave it on disk: a module and a `*.dist-info`
+    directory with METADATA and entry_points.txt, on sys.path. Unique names per test, because
+    importlib caches modules by name."""
+    tag = uuid.uuid4().hex[:8]
+    module, dist = f"hl_third_party_{tag}", f"hl-third-party-{tag}"
+    site = tmp_path / "site-packages"
+    site.mkdir()
+    (site / f"{module}.py").write_text(GATE_MODULE)
+    info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    names = ThirdParty(dist, module, f"refuse_all_{tag}", f"not_a_gate_{tag}", f"broken_{tag}")
+    (info / "entry_points.txt").write_text(
+        "[horde_lite.speed_gate]\n"
+        f"{names.gate} = {module}:RefuseAll\n"
+        f"{names.not_a_gate} = {module}:NotAGate\n"
+        f"{names.broken} = {module}_missing:Gate\n"
+    )
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+    yield names
+    sys.modules.pop(module, None)
+
+
+def test_a_third_party_policy_is_discovered_with_its_distribution(third_party: ThirdParty) -> None:
+    found = installed("speed_gate")
+    assert third_party.gate in found
+    assert found[third_party.gate].dist.name == third_party.distribution  # type: ignore[union-attr]
+    settings = make_settings(NOWHERE, policies={"speed_gate": third_party.gate})
+    rows = listing(settings.policies)
+    assert ("speed_gate", third_party.gate, third_party.distribution, True) in rows
+    assert ("speed_gate", "prefer_capable", "horde-lite", False) in rows
+
+
+def test_a_third_party_entry_point_that_is_not_a_gate_or_does_not_load_is_named(
+    third_party: ThirdParty,
+) -> None:
+    for name, says in (
+        (third_party.not_a_gate, "is not a speed_gate policy"),
+        (third_party.broken, "failed"),
+    ):
+        settings = make_settings(NOWHERE, policies={"speed_gate": name})
+        with pytest.raises(PolicyError) as info:
+            load_policies(settings.policies)
+        assert name in str(info.value)
+        assert says in str(info.value)
+
+
+@pytest.fixture
+async def third_party_client(
+    db_url: str, third_party: ThirdParty, request: pytest.FixtureRequest
+) -> AsyncIterator[HordeClient]:
+    refuse = getattr(request, "param", True)
+    settings = make_settings(
+        db_url, policies={"speed_gate": third_party.gate, "options": {"speed_gate": {"refuse": refuse}}}
+    )
+    app = create_app(settings, ManualClock(), run_sweeper=False)
+    async with AsyncTestClient(app=app, timeout=30) as http:
+        yield HordeClient(http, app.state.horde)
+
+
+@pytest.mark.parametrize(
+    ("third_party_client", "gets_job"), [(True, False), (False, True)], indirect=["third_party_client"]
+)
+async def test_a_third_party_gate_selected_by_configuration_takes_effect_over_http(
+    third_party_client: HordeClient, third_party: ThirdParty, gets_job: bool
+) -> None:
+    """With `refuse = true` the pop finds no job for a request well within the worker's capacity;
+    with `refuse = false` (its option from settings) the same pop gets it."""
+    client = third_party_client
+    assert client.horde.policies.names["speed_gate"] == third_party.gate
+    key = await client.user("owner", kudos=1000)
+    assert (await client.pop(key, "worker", models=["m"])).json()["id"] is None  # check-in
+    created = await client.create(key, models=["m"], params={"max_length": 64, "max_context_length": 1024})
+    assert created.status_code == 202, created.text
+    job = (await client.pop(key, "worker", models=["m"])).json()
+    assert (job["id"] is not None) is gets_job
+    status = (await client.status(created.json()["id"])).json()
+    assert status["waiting"] == (0 if gets_job else 1)
+
+
+def test_a_third_party_gate_can_run_the_contract(third_party: ThirdParty, db_url: str) -> None:
+    gate = installed("speed_gate")[third_party.gate].load()()
+    check_speed_gate(gate, db_url, max_examples=10)
+
+
+# --- horde-lite policies list ------------------------------------------------------------------
+
+
+def test_policies_list_shows_every_installed_policy_and_marks_the_selected(
+    third_party: ThirdParty, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # no ./litestar.toml from the repository
+    monkeypatch.delenv("HORDE_LITE_CONFIG", raising=False)
+    (tmp_path / "litestar.toml").write_text(f'[policies.speed_gate]\nname = "{third_party.gate}"\n')
+    result = CliRunner().invoke(cli.policies, ["list"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip()]
+    marked = {(r[1], r[2]) for r in rows if r[0] == "*"}
+    assert marked == {
+        ("speed_gate", third_party.gate),
+        ("allowance_curve", "estimated_wait"),
+        ("shadow_metrics", "over_capacity"),
+    }
+    listed = {(r[-3], r[-2], r[-1]) for r in rows}
+    for kind, names in BUILT_IN.items():
+        for name in names:
+            assert (kind, name, "(horde-lite)") in listed
+    assert ("speed_gate", third_party.gate, f"({third_party.distribution})") in listed
