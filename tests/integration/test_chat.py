@@ -516,6 +516,13 @@ async def test_errors_take_the_openai_shape(chat: Chat) -> None:
         {"role": "user", "content": [{"type": "input_audio", "input_audio": {"data": "", "format": "wav"}}]}
     ]
     assert (await post({"model": MODEL, "messages": audio}))["status"] == 400
+    long = [{"role": "user", "content": "x" * 3 * CHAT_BLOCK["max_context_tokens"]}]
+    overflow = await post({"model": MODEL, "messages": long})
+    assert (overflow["status"], overflow["code"], overflow["param"]) == (
+        400,
+        "context_length_exceeded",
+        "messages",
+    )
     bad_key = await post({"model": MODEL, "messages": HI}, headers={"Authorization": "Bearer not-a-key"})
     assert (bad_key["status"], bad_key["code"], bad_key["type"]) == (
         401,
