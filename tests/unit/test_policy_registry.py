@@ -198,28 +198,39 @@ class ThirdParty:
     broken: str
 
 
-@pytest.fixture
-def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThirdParty]:
-    """Install a distribution the way pip would leave it on disk: a module and a `*.dist-info`
-    directory with METADATA and entry_points.txt, on sys.path. Unique names per test, because
-    importlib caches modules by name."""
-    tag = uuid.uuid4().hex[:8]
-    module, dist = f"hl_third_party_{tag}", f"hl-third-party-{tag}"
-    site = tmp_path / "site-packages"
-    site.mkdir()
-    (site / f"{module}.py").write_text(GATE_MODULE)
+def install_distribution(
+    site: Path, monkeypatch: pytest.MonkeyPatch, dist: str, module: str, source: str, entry_points: str
+) -> None:
+    """Install a distribution the way pip leaves it on disk: a module and a `*.dist-info`
+    directory with METADATA and entry_points.txt, in a directory put on sys.path."""
+    site.mkdir(exist_ok=True)
+    (site / f"{module}.py").write_text(source)
     info = site / f"{dist.replace('-', '_')}-1.0.dist-info"
     info.mkdir()
     (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(entry_points)
+    monkeypatch.syspath_prepend(str(site))
+    importlib.invalidate_caches()
+
+
+@pytest.fixture
+def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[ThirdParty]:
+    """A third-party distribution with a working gate, a class that is not a gate and an entry
+    point that does not import. Unique names per test: importlib caches modules by name."""
+    tag = uuid.uuid4().hex[:8]
+    module, dist = f"hl_third_party_{tag}", f"hl-third-party-{tag}"
     names = ThirdParty(dist, module, f"refuse_all_{tag}", f"not_a_gate_{tag}", f"broken_{tag}")
-    (info / "entry_points.txt").write_text(
+    install_distribution(
+        tmp_path / "site-packages",
+        monkeypatch,
+        dist,
+        module,
+        GATE_MODULE,
         "[horde_lite.speed_gate]\n"
         f"{names.gate} = {module}:RefuseAll\n"
         f"{names.not_a_gate} = {module}:NotAGate\n"
-        f"{names.broken} = {module}_missing:Gate\n"
+        f"{names.broken} = {module}_missing:Gate\n",
     )
-    monkeypatch.syspath_prepend(str(site))
-    importlib.invalidate_caches()
     yield names
     sys.modules.pop(module, None)
 
@@ -284,6 +295,31 @@ async def test_a_third_party_gate_selected_by_configuration_takes_effect_over_ht
 def test_a_third_party_gate_can_run_the_contract(third_party: ThirdParty, db_url: str) -> None:
     gate = installed("speed_gate")[third_party.gate].load()()
     check_speed_gate(gate, db_url, max_examples=10)
+
+
+def test_the_documented_example_gate_is_selected_with_its_options_and_keeps_the_contract(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, db_url: str
+) -> None:
+    """docs/reference/policies.md's MarginGate, installed as its own distribution, as written."""
+    doc = (PROJECT / "docs" / "reference" / "policies.md").read_text()
+    source = next(
+        block.removeprefix("python\n")
+        for block in doc.split("```")
+        if block.startswith("python\n# my_horde_gate/__init__.py")
+    )
+    tag = uuid.uuid4().hex[:8]
+    module, name = f"my_horde_gate_{tag}", f"margin_gate_{tag}"
+    entry_points = f"[horde_lite.speed_gate]\n{name} = {module}:MarginGate\n"
+    install_distribution(tmp_path / "site", monkeypatch, f"my-horde-gate-{tag}", module, source, entry_points)
+    try:
+        settings = make_settings(
+            db_url, policies={"speed_gate": name, "options": {"speed_gate": {"margin_tokens": 128}}}
+        )
+        gate = load_policies(settings.policies).speed_gate
+        assert gate.margin_tokens == 128  # type: ignore[attr-defined]
+        check_speed_gate(gate, db_url, max_examples=20)
+    finally:
+        sys.modules.pop(module, None)
 
 
 # --- horde-lite policies list ------------------------------------------------------------------
