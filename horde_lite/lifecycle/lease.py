@@ -82,9 +82,9 @@ async def lapse_expired(
 
 async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> int:
     """Remove requests past their expiry with nothing running, with their results; release holds."""
-    candidates = (
-        await session.execute(select(TextRequest.id).where(TextRequest.expires_at < now).limit(500))
-    ).scalars()
+    # Lock the request first (the lock order of submit and cancel); skip one another holds.
+    expired = select(TextRequest.id).where(TextRequest.expires_at < now).limit(500)
+    candidates = (await session.execute(expired.with_for_update(skip_locked=True))).scalars()
     removed = 0
     for request_id in list(candidates):
         if await processing_count(session, request_id) > 0:
