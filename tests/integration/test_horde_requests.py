@@ -567,3 +567,19 @@ async def test_values_the_database_cannot_store_are_a_400(client: HordeClient) -
     assert (await client.create(ANON, models=["m" * 255], prompt="a \\u0000 b")).status_code == 202
     done = await client.submit(key, job["id"], "x", seed=-(2**63))
     assert done.status_code == 200, done.text
+
+
+async def test_refusals_at_admission_leave_nothing(client: HordeClient) -> None:
+    poor = await client.user("poor", kudos=30)  # 5 spendable above the registered floor of 25
+    refusals = [
+        (ANON, {"slow_workers": False}, 403, "KudosUpfront"),
+        (poor, {"slow_workers": False, "models": ["m-12B"]}, 403, "KudosUpfront"),
+        (ANON, {"models": ["nobody-serves-this"], "params": {"max_length": 2048}}, 503, "NoEligibleWorker"),
+    ]
+    for key, body, status, rc in refusals:
+        for dry_run in (False, True):
+            response = await client.create(key, dry_run=dry_run, **body)
+            assert response.status_code == status, response.text
+            assert response.json()["rc"] == rc
+    await _nothing_left(client)
+    assert await client.balance("poor") == 30
