@@ -72,8 +72,10 @@ __all__ = [
     "NOW",
     "Example",
     "check_example",
+    "check_gates",
     "check_speed_gate",
     "examples",
+    "seed_examples",
     "speed_gate_contract",
 ]
 
