@@ -25,7 +25,7 @@ import horde_lite
 from horde_lite import cli
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
-from horde_lite.policies.contract import check_speed_gate
+from horde_lite.policies.contract import check_speed_gate, speed_gate_contract
 from horde_lite.policies.protocols import KINDS, AllowanceCurve, ShadowMetrics, SpeedGate
 from horde_lite.policies.registry import PolicyError, installed, listing, load_policies
 from horde_lite.settings import load_settings
@@ -320,6 +320,12 @@ def test_the_documented_example_gate_is_selected_with_its_options_and_keeps_the_
         check_speed_gate(gate, db_url, max_examples=20)
     finally:
         sys.modules.pop(module, None)
+
+
+async def test_the_contract_runs_from_async_code(db_url: str) -> None:
+    """`speed_gate_contract` is the same check for a caller inside an event loop."""
+    gate = installed("speed_gate")["prefer_capable"].load()()
+    await speed_gate_contract(gate, db_url, max_examples=5)
 
 
 # --- horde-lite policies list ------------------------------------------------------------------
