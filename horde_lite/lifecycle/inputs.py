@@ -129,7 +129,7 @@ class SharedKeyInput(_In):
     kudos: Annotated[float, msgspec.Meta(ge=-1)] = 5000
     expiry: Annotated[int, msgspec.Meta(ge=-1)] = -1  # days; -1 never
     name: Annotated[str, msgspec.Meta(max_length=255)] = ""
-    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] = -1
 
 
 class SharedKeyPatch(_In):
@@ -138,4 +138,4 @@ class SharedKeyPatch(_In):
     kudos: Annotated[float, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
     expiry: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
     name: Annotated[str, msgspec.Meta(max_length=255)] | msgspec.UnsetType = msgspec.UNSET
-    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] | msgspec.UnsetType = msgspec.UNSET

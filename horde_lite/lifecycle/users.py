@@ -90,7 +90,7 @@ async def find_by_name(session: AsyncSession, username: str) -> User:
     # "name#id" must name the user with that id; a bare name is looked up by name.
     query = select(User).where(User.username == name)
     if uid.isdigit():
-        query = query.where(User.id == int(uid))
+        query = query.where(User.id == min(int(uid), 2**31 - 1))  # beyond the column: no such user
     user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
         raise HordeError(404, "UserNotFound", f"No user named {username!r}.")

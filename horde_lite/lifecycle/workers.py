@@ -35,11 +35,12 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
     ids: list[int] = []
     for name in names[:50]:
         base, _, uid = name.partition("#")
-        query = (
-            select(User.id).where(User.id == int(uid))
-            if uid.isdigit()
-            else select(User.id).where(User.username == base)
-        )
+        if uid.isdigit() and int(uid) >= 2**31:
+            continue  # no such user (and beyond the id column's range)
+        # "name#id" must name the user with that id (as the CLI's lookup); a bare name, by name.
+        query = select(User.id).where(User.username == base)
+        if uid.isdigit():
+            query = query.where(User.id == int(uid))
         found = (await session.execute(query)).scalar_one_or_none()
         if found is not None:
             ids.append(found)

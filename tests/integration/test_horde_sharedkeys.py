@@ -210,3 +210,17 @@ async def test_shared_key_cannot_run_a_worker(client: HordeClient) -> None:
     assert popped.status_code == 403
     assert popped.json()["rc"] == "WrongCredentials"
     assert await _rows(client, "SELECT id FROM workers") == []
+
+
+async def test_shared_key_values_out_of_range(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    for body in ({"max_text_tokens": 10**12}, {"max_text_tokens": -2}, {"expiry": -2}, {"kudos": "lots"}):
+        response = await client.http.post("/api/v2/sharedkeys", json=body, headers={"apikey": owner})
+        assert response.status_code == 400, (body, response.text)
+        assert response.json()["rc"] == "BadRequest"
+    key = (await _make(client, owner))["id"]
+    patched = await client.http.patch(
+        f"/api/v2/sharedkeys/{key}", json={"max_text_tokens": 10**12}, headers={"apikey": owner}
+    )
+    assert patched.status_code == 400
+    assert len(await _rows(client, "SELECT key_hash FROM shared_keys")) == 1

@@ -261,3 +261,15 @@ async def test_chat_block_is_shown(client: HordeClient) -> None:
     assert worker["chat"] == {**chat, "image_transports": []}
     await client.pop(key, "chatty", models=["m"])  # a later pop without the block drops it
     assert (await _worker(client, "chatty"))["chat"] is None
+
+
+async def test_priority_usernames_that_name_nobody(client: HordeClient) -> None:
+    key = await client.user("owner")
+    names = ["ghost", "ghost#1", "owner#12", "owner#" + "9" * 30, "#", "x#-1"]
+    popped = await client.pop(key, "w1", priority_usernames=names)
+    assert popped.status_code == 200, popped.text
+    async with client.horde.sessionmaker() as session:
+        assert (await session.execute(text("SELECT priority_user_ids FROM workers"))).scalar_one() in (
+            [],
+            "[]",
+        )
