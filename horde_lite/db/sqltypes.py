@@ -14,6 +14,7 @@ from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 from sqlalchemy.types import Boolean
 
 # A flat JSON list of scalars (strings). Keep it flat: the constructs below assume it.
@@ -29,6 +30,12 @@ class TextArrayContainsAll(ColumnElement[bool]):
     """
 
     inherit_cache = True
+    # What the statement cache keys on: without it SQLAlchemy cannot cache any statement holding
+    # this construct, and recompiles every pop and wait estimate from scratch.
+    _traverse_internals = [
+        ("haystack", InternalTraversal.dp_clauseelement),
+        ("needles", InternalTraversal.dp_clauseelement),
+    ]
     type = Boolean()
 
     def __init__(self, haystack: ColumnElement[Any], needles: ColumnElement[Any]) -> None:
@@ -40,11 +47,35 @@ class TextArrayHas(ColumnElement[bool]):
     """True when the JSON string list `array` holds the scalar `value`."""
 
     inherit_cache = True
+    # What the statement cache keys on: without it SQLAlchemy cannot cache any statement holding
+    # this construct, and recompiles every pop and wait estimate from scratch.
+    _traverse_internals = [
+        ("array", InternalTraversal.dp_clauseelement),
+        ("value", InternalTraversal.dp_clauseelement),
+    ]
     type = Boolean()
 
     def __init__(self, array: ColumnElement[Any], value: ColumnElement[Any]) -> None:
         self.array = array
         self.value = value
+
+
+class TextArraysOverlap(ColumnElement[bool]):
+    """True when the JSON string lists `left` and `right` share an element (row-local: no table
+    access, so a planner cannot turn it into a hashed subplan over a whole link table)."""
+
+    inherit_cache = True
+    # What the statement cache keys on: without it SQLAlchemy cannot cache any statement holding
+    # this construct, and recompiles every pop and wait estimate from scratch.
+    _traverse_internals = [
+        ("left", InternalTraversal.dp_clauseelement),
+        ("right", InternalTraversal.dp_clauseelement),
+    ]
+    type = Boolean()
+
+    def __init__(self, left: ColumnElement[Any], right: ColumnElement[Any]) -> None:
+        self.left = left
+        self.right = right
 
 
 @compiles(TextArrayContainsAll, "postgresql")
@@ -56,8 +87,10 @@ def _contains_all_pg(element: TextArrayContainsAll, compiler: SQLCompiler, **kw:
 def _contains_all_sqlite(element: TextArrayContainsAll, compiler: SQLCompiler, **kw: Any) -> str:
     haystack = compiler.process(element.haystack, **kw)
     needles = compiler.process(element.needles, **kw)
+    # json_array_length first: a scalar call, where json_each is a table scan set up per row, and
+    # most rows ask for nothing (no features, no transports).
     return (
-        f"(NOT EXISTS (SELECT 1 FROM json_each({needles}) AS needle "
+        f"(json_array_length({needles}) = 0 OR NOT EXISTS (SELECT 1 FROM json_each({needles}) AS needle "
         f"WHERE needle.value NOT IN (SELECT hay.value FROM json_each({haystack}) AS hay)))"
     )
 
@@ -73,4 +106,25 @@ def _has_pg(element: TextArrayHas, compiler: SQLCompiler, **kw: Any) -> str:
 def _has_sqlite(element: TextArrayHas, compiler: SQLCompiler, **kw: Any) -> str:
     array = compiler.process(element.array, **kw)
     value = compiler.process(element.value, **kw)
-    return f"(EXISTS (SELECT 1 FROM json_each({array}) AS item WHERE item.value = {value}))"
+    # An empty list (no allow-list, no deny-list: nearly every request) is answered without a scan.
+    return (
+        f"(json_array_length({array}) > 0 AND "
+        f"EXISTS (SELECT 1 FROM json_each({array}) AS item WHERE item.value = {value}))"
+    )
+
+
+@compiles(TextArraysOverlap, "postgresql")
+def _overlap_pg(element: TextArraysOverlap, compiler: SQLCompiler, **kw: Any) -> str:
+    left = compiler.process(element.left, **kw)
+    right = compiler.process(element.right, **kw)
+    return f"({left} ?| ARRAY(SELECT jsonb_array_elements_text({right})))"
+
+
+@compiles(TextArraysOverlap)
+def _overlap_sqlite(element: TextArraysOverlap, compiler: SQLCompiler, **kw: Any) -> str:
+    left = compiler.process(element.left, **kw)
+    right = compiler.process(element.right, **kw)
+    return (
+        f"(EXISTS (SELECT 1 FROM json_each({left}) AS overlap_left, json_each({right}) AS overlap_right "
+        f"WHERE overlap_left.value = overlap_right.value))"
+    )

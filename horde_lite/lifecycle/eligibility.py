@@ -14,8 +14,8 @@ from sqlalchemy import and_, exists, func, not_, or_, select, true
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
-from horde_lite.db.sqltypes import TextArrayContainsAll, TextArrayHas
+from horde_lite.db.models import TextRequest, Worker
+from horde_lite.db.sqltypes import TextArrayContainsAll, TextArrayHas, TextArraysOverlap
 from horde_lite.policies.protocols import GateInputs, GateSql, SpeedGate
 from horde_lite.settings import Settings
 
@@ -62,19 +62,13 @@ def worker_speed(w: WorkerRow, rules: Rules) -> ColumnElement[float]:
 
 
 def serves_request_models(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
-    wm = aliased(WorkerModel)
-    rm = aliased(RequestModel)
-    overlap = exists(
-        select(1)
-        .select_from(rm)
-        .join(wm, wm.model == rm.model)
-        .where(rm.request_id == r.id, wm.worker_id == w.id)
-        # Correlate explicitly: nested inside another EXISTS (the capable-worker check, the wait
-        # estimate's shared worker), auto-correlation reaches only the next SELECT out, and `r`
-        # would become an uncorrelated cross join ("serves any queued request's model").
-        .correlate_except(rm, wm)
-    )
-    return or_(r.any_model, overlap)
+    """A request with no models takes any worker; otherwise the two model lists must overlap.
+
+    Read from the rows' JSON lists (kept in step with worker_models/request_models, which serve
+    the listings and indexed look-ups): a row-local test. As an EXISTS over the link tables it sat
+    under an OR, and PostgreSQL hashed the whole request_models x worker_models join to answer it,
+    a cost that grew with the queue on every read (bench/README.md)."""
+    return or_(r.any_model, TextArraysOverlap(w.models, r.models))
 
 
 def chat_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
@@ -102,50 +96,71 @@ def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
 
 def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> list[ColumnElement[bool]]:
     """A worker that can finish chat request `r` inside the base lease (seed 000)."""
+    # Plain comparisons before the JSON list tests (SQLite evaluates them in this order).
     return [
         worker_online(cw, rules),
         not_(cw.maintenance),
         not_(cw.paused),
-        serves_request_models(cw, r),
-        chat_limits_admit(cw, r),
-        targeting_admits(cw, r),
         cw.capacity >= r.max_length,
+        chat_limits_admit(cw, r),
+        serves_request_models(cw, r),
+        targeting_admits(cw, r),
     ]
 
 
+# Built once: an ORM alias adapts each column the first time it is read (about a third of a
+# millisecond each), so a fresh alias per call cost every pop and estimate several milliseconds.
+# Reusing it is safe: the subquery below never correlates it (`correlate_except`).
+_CAPABLE_WORKER = aliased(Worker, name="capable_worker")
+
+
 def capable_worker_online(r: RequestRow, rules: Rules) -> ColumnElement[bool]:
-    cw = aliased(Worker, name="capable_worker")
+    cw = _CAPABLE_WORKER
     return exists(
         select(1).select_from(cw).where(*capable_chat_worker_clauses(cw, r, rules)).correlate_except(cw)
     )
 
 
-def text_wp_speed_gate_clause(w: WorkerRow, r: RequestRow, rules: Rules) -> ColumnElement[bool]:
+def text_wp_speed_gate_clause(
+    w: WorkerRow, r: RequestRow, rules: Rules, capable: ColumnElement[bool] | None = None
+) -> ColumnElement[bool]:
     return rules.gate.text_wp_speed_gate_clause(
         GateSql(
             is_chat=r.is_chat,
             max_length=r.max_length,
             capacity=w.capacity,
-            capable_worker_online=lambda: capable_worker_online(r, rules),
+            capable_worker_online=(lambda: capable_worker_online(r, rules))
+            if capable is None
+            else (lambda: capable),
         )
     )
 
 
 def eligibility_clauses(
-    w: WorkerRow, r: RequestRow, rules: Rules, *, ignore_paused: bool = False, gate: bool = True
+    w: WorkerRow,
+    r: RequestRow,
+    rules: Rules,
+    *,
+    ignore_paused: bool = False,
+    gate: bool = True,
+    capable: ColumnElement[bool] | None = None,
 ) -> list[ColumnElement[bool]]:
     """Every rule for (w, r) except the request's own queue state. `ignore_paused` serves a paused
-    worker's fake jobs, which are copied from requests it would otherwise get."""
+    worker's fake jobs, which are copied from requests it would otherwise get. `capable`, when
+    given, is the already known answer to "is a capable worker for r online" (the wait estimate
+    computes it once per request instead of once per worker and request pair)."""
+    # Plain comparisons first, the JSON list tests (models, allow/deny lists) after them: SQLite
+    # evaluates the terms in this order and stops at the first false one.
     return [
         worker_online(w, rules),
         true() if ignore_paused else not_(w.paused),
         or_(not_(w.maintenance), r.user_id == w.owner_id),
-        serves_request_models(w, r),
-        or_(and_(r.is_chat, chat_limits_admit(w, r)), and_(not_(r.is_chat), legacy_limits_admit(w, r))),
-        targeting_admits(w, r),
         or_(r.slow_workers, worker_speed(w, rules) >= rules.slow_speed),
         or_(not_(r.nsfw), w.nsfw),
-        text_wp_speed_gate_clause(w, r, rules) if gate else true(),
+        or_(and_(r.is_chat, chat_limits_admit(w, r)), and_(not_(r.is_chat), legacy_limits_admit(w, r))),
+        serves_request_models(w, r),
+        targeting_admits(w, r),
+        text_wp_speed_gate_clause(w, r, rules, capable) if gate else true(),
     ]
 
 
