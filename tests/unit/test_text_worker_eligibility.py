@@ -16,9 +16,10 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from sqlalchemy import delete, select
+from sqlalchemy import delete, literal, select
 
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
+from horde_lite.db.sqltypes import JsonList, TextArrayContainsAll, TextArrayHas, TextArraysOverlap
 from horde_lite.lifecycle import dispatch
 from horde_lite.lifecycle.eligibility import RequestFacts, WorkerFacts, is_eligible
 from horde_lite.lifecycle.estimate import Estimate, estimate
@@ -621,3 +622,27 @@ async def test_every_reader_agrees_with_the_eligibility_check(
         assert listing[model]["performance"] == pytest.approx(
             round(sum(speed_of[f.id] for f in serving) / len(serving), 2)
         )
+
+
+# --- the JSON list constructs the check is built from -------------------------------------------------
+
+names = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=6)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(left=st.lists(names, max_size=4), right=st.lists(names, max_size=4), value=names)
+async def test_json_list_constructs_match_python_sets(
+    client: HordeClient, left: list[str], right: list[str], value: str
+) -> None:
+    """The model rule (overlap), the allow/deny lists (membership) and the chat features
+    (containment) against Python's set operations, with awkward strings, on both databases."""
+    a, b = literal(left, JsonList), literal(right, JsonList)
+    async with client.horde.sessionmaker() as session:
+        overlap, has, contains = (
+            await session.execute(
+                select(TextArraysOverlap(a, b), TextArrayHas(a, literal(value)), TextArrayContainsAll(a, b))
+            )
+        ).one()
+    assert bool(overlap) is bool(set(left) & set(right))
+    assert bool(has) is (value in left)
+    assert bool(contains) is set(right).issubset(left)
