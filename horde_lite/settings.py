@@ -79,6 +79,12 @@ class AllowanceSettings(_Table):
     wait_full_seconds: float = 60
     wait_floor_seconds: float = 300
 
+    def __post_init__(self) -> None:
+        if not 0 <= self.floor <= self.ceiling:
+            raise ValueError("[allowance] needs 0 <= floor <= ceiling")
+        if not 0 <= self.wait_full_seconds < self.wait_floor_seconds:
+            raise ValueError("[allowance] needs 0 <= wait_full_seconds < wait_floor_seconds")
+
 
 class KudosSettings(_Table):
     anonymous_floor: float = -50

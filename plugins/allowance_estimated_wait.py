@@ -5,6 +5,7 @@ when no worker is eligible."""
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import msgspec
 
@@ -12,6 +13,8 @@ from horde_lite.policies.protocols import AllowanceInputs
 
 
 class EstimatedWait(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    reads_horde_totals: ClassVar[bool] = False
+
     def allowance(self, inputs: AllowanceInputs) -> int:
         s = inputs.settings
         wait = inputs.estimated_wait_seconds

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import math
+from typing import ClassVar
 
 import msgspec
 
@@ -11,6 +12,8 @@ from horde_lite.policies.protocols import AllowanceInputs
 
 
 class JobsPerThread(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    reads_horde_totals: ClassVar[bool] = False
+
     full_jobs_per_thread: float = 0.5
     floor_jobs_per_thread: float = 3.0
 

@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
@@ -140,14 +140,16 @@ def _deny_list(body: TextRequestInput) -> list[str]:
 
 
 async def largest_chat_completion(
-    session: AsyncSession, horde: Horde, models: list[str], now: float
+    session: AsyncSession, horde: Horde, models: list[str], now: float, requester_id: int
 ) -> int | None:
-    """The largest max_completion_tokens declared by an online chat worker for these models."""
+    """The largest max_completion_tokens declared by an online chat worker for these models (a
+    worker in maintenance counts only for its owner's requests, as everywhere)."""
     rules = horde.rules(now)
     query = select(func.max(Worker.chat_max_completion_tokens)).where(
         Worker.last_check_in >= rules.online_since,
         Worker.chat_max_completion_tokens.is_not(None),
         Worker.paused.is_(False),
+        or_(Worker.maintenance.is_(False), Worker.owner_id == requester_id),
     )
     if models:
         query = query.where(Worker.id.in_(select(WorkerModel.worker_id).where(WorkerModel.model.in_(models))))
@@ -174,6 +176,7 @@ async def chat_spec(
     requested = payload.max_tokens or settings.chat.default_max_tokens
     if requested > limit:
         raise HordeError(400, "BadRequest", f"max_tokens must be at most {limit}.", param="max_tokens")
+    chat_rules.validate(payload)
     bad = chat_rules.bad_image_urls(payload)
     if bad:
         raise HordeError(
@@ -185,7 +188,7 @@ async def chat_spec(
     models = _clean_models(models)
     adjustments: list[dict[str, Any]] = []
     applied = requested
-    largest = await largest_chat_completion(session, horde, models, horde.clock.now())
+    largest = await largest_chat_completion(session, horde, models, horde.clock.now(), requester.user.id)
     if largest is not None and requested > largest:
         applied = largest
         adjustments.append(
@@ -362,7 +365,10 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     await session.flush()
     rules = horde.rules(now)
     est = await estimate(session, row.id, rules)
-    threads, queued = await horde_totals(session, rules)
+    # Horde-wide totals cost a scan of the queue: read them only for a curve that asks.
+    threads, queued = (0, 0)
+    if getattr(horde.policies.allowance_curve, "reads_horde_totals", True):
+        threads, queued = await horde_totals(session, rules)
     allowance = horde.policies.allowance_curve.allowance(
         AllowanceInputs(
             estimated_wait_seconds=est.estimated_wait,
@@ -468,16 +474,19 @@ async def _refuse(
         raise HordeError(
             503, "NoEligibleWorker", f"No online worker can serve this request{detail}.", gap=gap
         )
-    reason = (
-        "requests that disallow slow workers always need kudos upfront"
-        if not spec.slow_workers and spec.max_length <= allowance
-        else f"the free output allowance for this request is {allowance} tokens and it asks {spec.max_length}"
-    )
+    if not spec.slow_workers and spec.max_length <= allowance:
+        reason = "requests that disallow slow workers always need kudos upfront"
+        advice = "or allow slow workers"
+    else:
+        reason = (
+            f"the free output allowance for this request is {allowance} tokens and it asks {spec.max_length}"
+        )
+        advice = f"or ask for at most {allowance} tokens"
     raise HordeError(
         403,
         "KudosUpfront",
         f"This request needs {cost:.2f} kudos upfront: {reason}. Register and earn kudos by running a "
-        f"worker, or ask for at most {allowance} tokens.",
+        f"worker, {advice}.",
         allowance=allowance,
         kudos=cost,
     )

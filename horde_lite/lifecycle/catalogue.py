@@ -66,6 +66,7 @@ async def chat_models(session: AsyncSession, horde: Horde) -> list[tuple[str, fl
             .where(
                 worker_online(Worker, rules),
                 Worker.paused.is_(False),
+                Worker.maintenance.is_(False),
                 Worker.chat_max_completion_tokens.is_not(None),
             )
             .group_by(WorkerModel.model)

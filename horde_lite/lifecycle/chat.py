@@ -8,7 +8,48 @@ from typing import Any
 
 import msgspec
 
+from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ChatPayload
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+PART_TYPES = ("text", "image_url")
+TOOL_CHOICES = ("none", "auto", "required")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+
+
+def _bad(message: str, param: str) -> HordeError:
+    return HordeError(400, "BadRequest", message, param=param)
+
+
+def validate(payload: ChatPayload) -> None:
+    """What msgspec's types cannot say about a chat payload; the same on both routes."""
+    for i, message in enumerate(payload.messages):
+        if message.role not in ROLES:
+            raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}.", f"messages.{i}.role")
+        if isinstance(message.content, list):
+            for j, part in enumerate(message.content):
+                kind = part.get("type")
+                if kind not in PART_TYPES:
+                    raise _bad(
+                        f"messages[{i}].content[{j}].type {kind!r} is not supported; use text or image_url.",
+                        f"messages.{i}.content.{j}.type",
+                    )
+                if kind == "image_url":
+                    image = part.get("image_url")
+                    url = image.get("url") if isinstance(image, dict) else image
+                    if not isinstance(url, str):
+                        raise _bad(
+                            f"messages[{i}].content[{j}].image_url.url must be a string.",
+                            f"messages.{i}.content.{j}.image_url",
+                        )
+                elif not isinstance(part.get("text"), str):
+                    raise _bad(
+                        f"messages[{i}].content[{j}].text must be a string.", f"messages.{i}.content.{j}.text"
+                    )
+    if isinstance(payload.tool_choice, str) and payload.tool_choice not in TOOL_CHOICES:
+        raise _bad(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or an object.", "tool_choice")
+    if payload.response_format is not None and payload.response_format.get("type") not in RESPONSE_FORMATS:
+        raise _bad(f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}.", "response_format")
 
 
 def _image_urls(payload: ChatPayload) -> list[str]:

@@ -55,16 +55,21 @@ async def load_generation_for_worker(
     return generation, worker, request
 
 
+def require_live(generation: Generation) -> None:
+    """Only a generation still holding its lease takes a submit or a progress post."""
+    if generation.state == "aborted":
+        raise HordeError(
+            400, "AbortedGen", "This generation's lease lapsed; the job was given back to the queue."
+        )
+    if generation.state != "processing":
+        raise HordeError(400, "DuplicateGen", "This generation was already submitted.")
+
+
 async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitInput) -> float:
     """Store a worker's result and return its reward."""
     now = horde.clock.now()
     generation, worker, request = await load_generation_for_worker(session, user, body.id)
-    if generation.state == "aborted":
-        raise HordeError(
-            400, "AbortedGen", "This generation's lease lapsed; the job was given to another worker."
-        )
-    if generation.state != "processing":
-        raise HordeError(400, "DuplicateGen", "This generation was already submitted.")
+    require_live(generation)
     generation.submitted_at = now
     if body.state == "faulted":
         generation.state = "faulted"
@@ -72,7 +77,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
             worker.faulted_jobs += 1
             await give_back(session, horde, request, aborted=False)
             shadow_outcome(horde, generation, worker, request, "faulted")
-            horde.notifier.notify(request.id)
+            horde.notifier.on_commit(session, request.id)
         return 0.0
     text = body.generation
     reported = None
@@ -114,7 +119,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
     shadow_outcome(horde, generation, worker, request, "completed")
     await session.flush()
     await maybe_finish(session, request)
-    horde.notifier.notify(request.id)
+    horde.notifier.on_commit(session, request.id)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",
         generation.id, request.id, worker.id, tokens, reward,

@@ -139,7 +139,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 max(0.0, now - request.created_at),
                 wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
             )
-        horde.notifier.notify(request.id)
+        horde.notifier.on_commit(session, request.id)
     return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
 
 

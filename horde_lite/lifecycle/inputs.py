@@ -59,11 +59,9 @@ class ChatMessage(_In):
     tool_call_id: str | None = None
 
 
-class ChatPayload(_In):
-    """A chat request on the native route (and, converted, from the /v1 front)."""
+class ChatOptions(_In, kw_only=True):
+    """Sampling, tools and output format: the same fields on the native chat payload and on /v1."""
 
-    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    max_tokens: Positive | None = None
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     stop: str | list[str] | None = None
@@ -71,6 +69,13 @@ class ChatPayload(_In):
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
+
+
+class ChatPayload(ChatOptions, kw_only=True):
+    """A chat request on the native route (and, converted, from the /v1 front)."""
+
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_tokens: Positive | None = None
 
 
 class TextRequestInput(_In):

@@ -26,7 +26,7 @@ async def lapse(
     worker.aborted_jobs += 1
     await give_back(session, horde, request, aborted=True)
     shadow_outcome(horde, generation, worker, request, "aborted")
-    horde.notifier.notify(request.id)
+    horde.notifier.on_commit(session, request.id)
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
 
 
@@ -93,7 +93,7 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
         await session.execute(delete(Generation).where(Generation.request_id == request_id))
         await session.execute(delete(RequestModel).where(RequestModel.request_id == request_id))
         await session.execute(delete(TextRequest).where(TextRequest.id == request_id))
-        horde.notifier.notify(request_id)
+        horde.notifier.on_commit(session, request_id)
         removed += 1
     return removed
 

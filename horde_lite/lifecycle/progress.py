@@ -20,7 +20,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import User
-from horde_lite.lifecycle.completion import load_generation_for_worker
+from horde_lite.lifecycle.completion import load_generation_for_worker, require_live
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ProgressInput
@@ -49,12 +49,7 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
     """Store one progress post (the caller has already honoured a lapse of this generation)."""
     now = horde.clock.now()
     generation, _worker, request = await load_generation_for_worker(session, user, body.id)
-    if generation.state == "aborted":
-        raise HordeError(
-            400, "AbortedGen", "This generation's lease lapsed; the job was given back to the queue."
-        )
-    if generation.state != "processing":
-        raise HordeError(400, "DuplicateGen", "This generation was already submitted; progress is over.")
+    require_live(generation)
     if not request.is_chat or not request.stream:
         raise HordeError(
             400,

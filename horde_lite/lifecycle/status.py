@@ -92,4 +92,4 @@ async def cancel(session: AsyncSession, horde: Horde, request_id: str) -> None:
         )
     await maybe_finish(session, request)
     await session.flush()
-    horde.notifier.notify(request_id)
+    horde.notifier.on_commit(session, request_id)

@@ -70,6 +70,9 @@ class AllowanceInputs:
 
 @runtime_checkable
 class AllowanceCurve(Protocol):
+    """A curve may set a class attribute `reads_horde_totals = False` when it ignores
+    `online_text_threads` and `queued_text_requests`: admission then skips counting them."""
+
     def allowance(self, inputs: AllowanceInputs) -> int: ...
 
 

@@ -8,21 +8,16 @@ import msgspec
 
 from horde_lite.lifecycle.chat_front import ChatRequest, Final, Quote
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import ChatMessage, ChatPayload
+from horde_lite.lifecycle.inputs import ChatMessage, ChatOptions, ChatPayload
 
 Positive = Annotated[int, msgspec.Meta(gt=0)]
-
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-PART_TYPES = ("text", "image_url")
-TOOL_CHOICES = ("none", "auto", "required")
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool | None = None
 
 
-class ChatCompletionInput(msgspec.Struct, kw_only=True):
+class ChatCompletionInput(ChatOptions, kw_only=True):
     """POST /v1/chat/completions. Fields OpenAI clients send that horde_lite does not use
     (`user`, `presence_penalty`, `logprobs`, ...) are accepted and ignored."""
 
@@ -32,13 +27,6 @@ class ChatCompletionInput(msgspec.Struct, kw_only=True):
     max_tokens: Positive | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
-    top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
-    stop: str | list[str] | None = None
-    seed: int | None = None
-    tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
     n: int | None = None
     # horde_lite's extension (the openai package sends it through `extra_body`).
     dry_run: bool = False
@@ -49,46 +37,12 @@ def _bad(message: str, param: str) -> HordeError:
 
 
 def to_payload(body: ChatCompletionInput) -> ChatPayload:
-    """The native chat payload both routes admit; the checks msgspec's types cannot express."""
+    """The native chat payload both routes admit (the lifecycle checks its contents)."""
     if body.n is not None and body.n != 1:
         raise _bad("n must be 1: each chat request is answered by one worker.", "n")
-    for i, message in enumerate(body.messages):
-        if message.role not in ROLES:
-            raise _bad(f"messages[{i}].role must be one of {', '.join(ROLES)}.", f"messages.{i}.role")
-        if isinstance(message.content, list):
-            for j, part in enumerate(message.content):
-                kind = part.get("type")
-                if kind not in PART_TYPES:
-                    raise _bad(
-                        f"messages[{i}].content[{j}].type {kind!r} is not supported; use text or image_url.",
-                        f"messages.{i}.content.{j}.type",
-                    )
-                if kind == "image_url":
-                    image = part.get("image_url")
-                    url = image.get("url") if isinstance(image, dict) else image
-                    if not isinstance(url, str):
-                        raise _bad(
-                            f"messages[{i}].content[{j}].image_url.url must be a string.",
-                            f"messages.{i}.content.{j}.image_url",
-                        )
-                elif not isinstance(part.get("text"), str):
-                    raise _bad(
-                        f"messages[{i}].content[{j}].text must be a string.", f"messages.{i}.content.{j}.text"
-                    )
-    if isinstance(body.tool_choice, str) and body.tool_choice not in TOOL_CHOICES:
-        raise _bad(f"tool_choice must be one of {', '.join(TOOL_CHOICES)} or an object.", "tool_choice")
-    if body.response_format is not None and body.response_format.get("type") not in RESPONSE_FORMATS:
-        raise _bad(f"response_format.type must be one of {', '.join(RESPONSE_FORMATS)}.", "response_format")
+    options = {f: getattr(body, f) for f in ChatOptions.__struct_fields__}
     return ChatPayload(
-        messages=body.messages,
-        max_tokens=body.max_completion_tokens or body.max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        stop=body.stop,
-        seed=body.seed,
-        tools=body.tools,
-        tool_choice=body.tool_choice,
-        response_format=body.response_format,
+        messages=body.messages, max_tokens=body.max_completion_tokens or body.max_tokens, **options
     )
 
 
