@@ -117,6 +117,26 @@ def users_kudos(name: str, amount: float, add: bool) -> None:
     click.echo(f"{who} now has {balance:g} kudos")
 
 
+@users.command("set", help="Change a user's trusted or moderator flag.")
+@click.argument("name")
+@click.option("--trusted/--untrusted", default=None, help="Trust the user's workers (or stop).")
+@click.option("--moderator/--no-moderator", default=None, help="Make the user a moderator (or stop).")
+def users_set(name: str, trusted: bool | None, moderator: bool | None) -> None:
+    from horde_lite.lifecycle.errors import HordeError
+    from horde_lite.lifecycle.users import display_name, find_by_name, set_flags
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        user = await find_by_name(session, name)
+        await set_flags(session, user, trusted=trusted, moderator=moderator)
+        return display_name(user), user.trusted, user.moderator
+
+    try:
+        who, is_trusted, is_moderator = _with_session(work)
+    except HordeError as e:
+        raise click.ClickException(e.message) from e
+    click.echo(f"{who}: trusted={is_trusted} moderator={is_moderator}")
+
+
 @click.group(help="Policy plugins.")
 def policies() -> None:
     pass

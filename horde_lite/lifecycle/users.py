@@ -7,7 +7,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -145,6 +145,19 @@ def check_shared_key(shared: SharedKey, now: float, max_length: int, cost: float
             f"This shared key has {shared.kudos - shared.utilized:.2f} kudos left; "
             f"this request needs {cost:.2f}.",
         )
+
+
+async def set_flags(
+    session: AsyncSession, user: User, *, trusted: bool | None, moderator: bool | None
+) -> None:
+    """An operator's change of a user's flags. The trusted flag is copied onto the user's workers
+    at once (the pop reads it from the worker row), not only at their next check-in."""
+    if moderator is not None:
+        user.moderator = moderator
+    if trusted is not None:
+        user.trusted = trusted
+        await session.execute(update(Worker).where(Worker.owner_id == user.id).values(trusted=trusted))
+    await session.flush()
 
 
 async def worker_count(session: AsyncSession, user_id: int) -> int:

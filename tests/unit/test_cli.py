@@ -18,7 +18,7 @@ from sqlalchemy import select, text
 from horde_lite import cli
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
-from horde_lite.db.models import KudosEvent, User
+from horde_lite.db.models import KudosEvent, User, Worker
 from horde_lite.lifecycle.users import hash_key
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
@@ -131,6 +131,33 @@ def test_users_kudos_name_and_id_must_agree(run: Any, db_url: str) -> None:
     result = run(cli.users, "kudos", f"someone-else#{frank.id}", "5")
     assert result.exit_code != 0
     assert _user(db_url, "frank").kudos == 0
+
+
+def test_users_set_changes_flags_and_the_workers_trust(run: Any, db_url: str) -> None:
+    key = run(cli.users, "create", "gina").output.strip().splitlines()[-1]
+    gina = _user(db_url, "gina")
+
+    async def add_worker() -> None:
+        engine = make_engine(db_url, null_pool=True)
+        try:
+            async with make_sessionmaker(engine)() as session, session.begin():
+                session.add(
+                    Worker(id="11111111-1111-4111-8111-111111111111", name="gina-w", owner_id=gina.id,
+                           last_check_in=0.0, created_at=0.0, speed_samples=[])
+                )  # fmt: skip
+        finally:
+            await engine.dispose()
+
+    asyncio.run(add_worker())
+    result = run(cli.users, "set", "gina", "--trusted", "--moderator")
+    assert result.exit_code == 0, result.output
+    assert (_user(db_url, "gina").trusted, _user(db_url, "gina").moderator) == (True, True)
+    assert _query(db_url, select(Worker.trusted).where(Worker.name == "gina-w")) == [(True,)]
+    result = run(cli.users, "set", "gina", "--untrusted")
+    assert result.exit_code == 0, result.output
+    assert (_user(db_url, "gina").trusted, _user(db_url, "gina").moderator) == (False, True)
+    assert _query(db_url, select(Worker.trusted).where(Worker.name == "gina-w")) == [(False,)]
+    assert _user(db_url, "gina").api_key_hash == hash_key(key)
 
 
 def test_database_upgrade_reaches_head(run: Any, db_url: str) -> None:
