@@ -603,6 +603,11 @@ async def test_context_adjustments_on_both_routes(chat: Chat) -> None:
     assert default.json()["context_adjustments"][0]["requested"] == 512
     for created in (native, unchanged, default):
         await chat.hc.cancel(created.json()["id"])
+    # A native dry run quotes the same adjustment and creates nothing.
+    quote = await chat.hc.create(key, models=[MODEL], chat={"messages": HI, "max_tokens": 1000}, dry_run=True)
+    assert quote.status_code == 200, quote.text
+    assert quote.json()["max_length"] == 256
+    assert quote.json()["context_adjustments"][0] | lowered == quote.json()["context_adjustments"][0]
     # /v1, non-streaming and streaming.
     answer, job = await along(
         chat.openai().chat.completions.create(model=MODEL, messages=HI, max_tokens=1000), small.serve("short")

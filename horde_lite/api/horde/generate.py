@@ -22,7 +22,10 @@ async def create_text_request(request: Req) -> Response[dict[str, Any]]:
     try:
         result, spec = await _admit(request, body)
     except DryRun as quote:
-        return Response({"kudos": quote.result.kudos, "max_length": quote.result.max_length}, status_code=200)
+        answer = {"kudos": quote.result.kudos, "max_length": quote.result.max_length}
+        if body.chat is not None or quote.result.context_adjustments:
+            answer["context_adjustments"] = quote.result.context_adjustments
+        return Response(answer, status_code=200)
     answer: dict[str, Any] = {"id": result.request_id, "kudos": result.kudos}
     if result.warnings:
         answer["warnings"] = result.warnings
