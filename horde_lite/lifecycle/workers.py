@@ -32,17 +32,24 @@ def record_speed_sample(worker: Worker, tokens: int, seconds: float, settings: S
 
 
 async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[int]:
-    ids: list[int] = []
+    """Resolve `priority_usernames` in one query (this runs on every pop). "name#id" must name the
+    user with that id, as the CLI's lookup does; a bare name matches by name."""
+    wanted: list[tuple[str, int | None]] = []
     for name in names[:50]:
         base, _, uid = name.partition("#")
         if uid.isdigit() and int(uid) >= 2**31:
             continue  # no such user (and beyond the id column's range)
-        # "name#id" must name the user with that id (as the CLI's lookup); a bare name, by name.
-        query = select(User.id).where(User.username == base)
-        if uid.isdigit():
-            query = query.where(User.id == int(uid))
-        found = (await session.execute(query)).scalar_one_or_none()
-        if found is not None:
+        wanted.append((base, int(uid) if uid.isdigit() else None))
+    if not wanted:
+        return []
+    rows = await session.execute(
+        select(User.id, User.username).where(User.username.in_({base for base, _ in wanted}))
+    )
+    by_name = {username: user_id for user_id, username in rows}
+    ids: list[int] = []
+    for base, uid in wanted:
+        found = by_name.get(base)
+        if found is not None and uid in (None, found) and found not in ids:
             ids.append(found)
     return ids
 
