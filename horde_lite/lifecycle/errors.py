@@ -14,11 +14,3 @@ class HordeError(Exception):
         self.rc = rc
         self.message = message
         self.extra = extra
-
-
-def bad_request(message: str) -> HordeError:
-    return HordeError(400, "BadRequest", message)
-
-
-def not_found(rc: str, message: str) -> HordeError:
-    return HordeError(404, rc, message)

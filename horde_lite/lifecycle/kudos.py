@@ -138,11 +138,3 @@ async def charge_job(
         )
     await consume_hold(session, request_id, charge)
     return charge
-
-
-async def ledger_balance(session: AsyncSession, user_id: int) -> float:
-    """The balance as the ledger's sum; equals `users.kudos` (tests reconcile the two)."""
-    total = await session.execute(
-        select(func.coalesce(func.sum(KudosEvent.amount), 0.0)).where(KudosEvent.user_id == user_id)
-    )
-    return float(total.scalar_one())
