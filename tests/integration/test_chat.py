@@ -1,7 +1,7 @@
 """Chat requests end to end with the real `openai` package (api.md "Chat front", "Chat on the native
 route", "Chat jobs on the worker side"; behaviour.md §3-4; seed 000's and seed 003's checks for this
 module). Every test runs on SQLite and on PostgreSQL; the chat worker is driven over HTTP in a
-concurrent task while the client waits (see test_chat_support.py for why a streaming transport)."""
+concurrent task while the client waits (see tests/support/chat.py for why a streaming transport)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from horde_lite.clock import ManualClock
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
-from tests.integration.test_chat_support import (
+from tests.support.chat import (
     CHAT_BLOCK,
     MODEL,
     Chat,

@@ -16,7 +16,7 @@ import pytest
 
 from horde_lite.clock import ManualClock
 from horde_lite.settings import Settings
-from tests.integration.test_chat_support import (
+from tests.support.chat import (
     MODEL,
     Chat,
     ChatWorker,
