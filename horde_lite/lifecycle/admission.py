@@ -139,13 +139,16 @@ def _deny_list(body: TextRequestInput) -> list[str]:
     return list(body.worker_blacklist) if isinstance(body.worker_blacklist, list) else []
 
 
-async def largest_chat_completion(
+async def chat_limits(
     session: AsyncSession, horde: Horde, models: list[str], now: float, requester_id: int
-) -> int | None:
-    """The largest max_completion_tokens declared by an online chat worker for these models (a
-    worker in maintenance counts only for its owner's requests, as everywhere)."""
+) -> tuple[int | None, int | None]:
+    """The largest max_completion_tokens and max_context_tokens declared by online chat workers for
+    these models (None: no such worker online). A worker in maintenance counts only for its
+    owner's requests, as everywhere."""
     rules = horde.rules(now)
-    query = select(func.max(Worker.chat_max_completion_tokens)).where(
+    query = select(
+        func.max(Worker.chat_max_completion_tokens), func.max(Worker.chat_max_context_tokens)
+    ).where(
         Worker.last_check_in >= rules.online_since,
         Worker.chat_max_completion_tokens.is_not(None),
         Worker.paused.is_(False),
@@ -153,7 +156,8 @@ async def largest_chat_completion(
     )
     if models:
         query = query.where(Worker.id.in_(select(WorkerModel.worker_id).where(WorkerModel.model.in_(models))))
-    return (await session.execute(query)).scalar_one_or_none()
+    completion, context = (await session.execute(query)).one()
+    return completion, context
 
 
 async def chat_spec(
@@ -188,7 +192,7 @@ async def chat_spec(
     models = _clean_models(models)
     adjustments: list[dict[str, Any]] = []
     applied = requested
-    largest = await largest_chat_completion(session, horde, models, horde.clock.now(), requester.user.id)
+    largest, largest_context = await chat_limits(session, horde, models, horde.clock.now(), requester.user.id)
     if largest is not None and requested > largest:
         applied = largest
         adjustments.append(
@@ -202,6 +206,21 @@ async def chat_spec(
         )
     features, transports = chat_rules.requirements(payload)
     tokens = chat_rules.prompt_tokens(payload)
+    # On the /v1 front, which answers while the client waits, messages no online worker for the
+    # model can hold are a client error (OpenAI's context_length_exceeded), not a wait: max_tokens is
+    # already as low as horde_lite lowers it. The native route queues them, like any request no
+    # worker can take yet.
+    need = tokens + applied
+    if not native_route and largest_context is not None and need > largest_context:
+        what = ", ".join(models) if models else "any model"
+        raise HordeError(
+            400,
+            "ContextLengthExceeded",
+            f"This request needs {need} context tokens ({tokens} for the messages, estimated as "
+            f"characters / 3, plus max_tokens {applied}); the online chat workers for {what} accept at "
+            f"most {largest_context}. Shorten the messages or lower max_tokens.",
+            param="messages",
+        )
     spec = AdmissionSpec(
         requester=requester,
         is_chat=True,

@@ -137,22 +137,6 @@ async def known_chat_model(session: AsyncSession, model: str) -> bool:
     return found.first() is not None
 
 
-async def largest_chat_context(session: AsyncSession, horde: Horde, model: str, now: float) -> int | None:
-    """The largest max_context_tokens an online chat worker for the model declares (None: none online)."""
-    rules = horde.rules(now)
-    query = (
-        select(func.max(Worker.chat_max_context_tokens))
-        .join(WorkerModel, WorkerModel.worker_id == Worker.id)
-        .where(
-            WorkerModel.model == model,
-            Worker.last_check_in >= rules.online_since,
-            Worker.chat_max_completion_tokens.is_not(None),
-            Worker.paused.is_(False),
-        )
-    )
-    return (await session.execute(query)).scalar_one_or_none()
-
-
 async def _admit(
     session: AsyncSession,
     horde: Horde,
@@ -177,19 +161,6 @@ async def _admit(
         session, horde, requester, payload, models=[model], stream=stream, dry_run=dry_run,
         native_route=False, client_agent=client_agent,
     )  # fmt: skip
-    # Messages no online worker for the model can hold are a client error (OpenAI's
-    # context_length_exceeded), not a wait: max_tokens is already as low as horde_lite lowers it.
-    largest = await largest_chat_context(session, horde, model, horde.clock.now())
-    need = spec.prompt_tokens + spec.max_length
-    if largest is not None and need > largest:
-        raise HordeError(
-            400,
-            "ContextLengthExceeded",
-            f"This request needs {need} context tokens ({spec.prompt_tokens} for the messages, estimated "
-            f"as characters / 3, plus max_tokens {spec.max_length}); the online chat workers for {model} "
-            f"accept at most {largest}. Shorten the messages or lower max_tokens.",
-            param="messages",
-        )
     return spec, await admission.admit(session, horde, spec)
 
 
@@ -626,6 +597,5 @@ __all__ = [
     "create",
     "eligible_worker_count",
     "known_chat_model",
-    "largest_chat_context",
     "quote",
 ]
