@@ -9,7 +9,7 @@ import logging
 
 import msgspec
 
-from horde_lite.metrics import Metrics, shadow_attributes, shadow_outcome_attributes, size_bucket
+from horde_lite.metrics import Metrics, shadow_attributes, shadow_outcome_attributes
 from horde_lite.policies.protocols import Assignment, Outcome, PopCheck
 
 log = logging.getLogger("horde_lite.gate_shadow")
@@ -53,11 +53,4 @@ class OverCapacity(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     def on_pop(self, metrics: Metrics, pop: PopCheck) -> None:
         declared = pop.chat_max_completion_tokens
         if declared is not None and pop.capacity < declared:
-            metrics.pop_lease_capacity_limited.add(
-                1,
-                {
-                    "horde.worker_trusted": pop.worker_trusted,
-                    "horde.size_bucket": size_bucket(declared),
-                    "horde.chat": True,
-                },
-            )
+            metrics.pop_lease_capacity_limited.add(1, shadow_attributes(pop.worker_trusted, declared, True))

@@ -401,15 +401,19 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     requester = spec.requester
     # The anonymous account is shared by everyone without a key: it never holds kudos upfront, or
     # one anonymous caller could spend what the floor leaves for all of them (docs/decisions 0010).
-    can_pay = not requester.user.anonymous and (
-        await kudos.spendable(session, requester.user, settings.kudos) >= cost
-    )
     over = spec.max_length > allowance
+    free = not over and spec.slow_workers
+    # Spendable kudos cost a query: read only when the request is not free.
+    can_pay = (
+        not free
+        and not requester.user.anonymous
+        and await kudos.spendable(session, requester.user, settings.kudos) >= cost
+    )
     outcome: Outcome
     warnings: list[dict[str, str]] = []
-    if not over and spec.slow_workers:
+    if free:
         outcome = "free"
-    elif can_pay and _shared_key_can_pay(requester, now, spec, cost):
+    elif can_pay and _shared_key_can_pay(requester, cost):
         outcome = "funded"
     elif over and spec.allow_downgrade and spec.native_route and not spec.is_chat:
         outcome = "downgraded"
@@ -468,7 +472,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     )
 
 
-def _shared_key_can_pay(requester: Requester, now: float, spec: AdmissionSpec, cost: float) -> bool:
+def _shared_key_can_pay(requester: Requester, cost: float) -> bool:
     shared = requester.shared_key
     if shared is None or shared.kudos < 0:
         return True

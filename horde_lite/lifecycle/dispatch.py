@@ -7,15 +7,15 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, select, update
+from sqlalchemy import case, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
+from horde_lite.db.models import Generation, TextRequest, User, Worker
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses, request_offered
 from horde_lite.lifecycle.inputs import PopInput
-from horde_lite.lifecycle.workers import check_in
+from horde_lite.lifecycle.workers import check_in, effective_speed
 from horde_lite.metrics import wait_attributes
 from horde_lite.policies.protocols import Assignment, PopCheck
 
@@ -52,19 +52,11 @@ async def _candidate(
     return (await session.execute(query)).scalars().first()
 
 
-async def _job_model(session: AsyncSession, request: TextRequest, worker: Worker) -> str:
+def _job_model(request: TextRequest, worker: Worker) -> str:
     if request.any_model:
         return worker.models[0] if worker.models else ""
     served = set(worker.models)
-    for model in request.models:
-        if model in served:
-            return model
-    row = (
-        await session.execute(
-            select(RequestModel.model).where(RequestModel.request_id == request.id).limit(1)
-        )
-    ).scalar_one_or_none()
-    return row or ""
+    return next((m for m in request.models if m in served), request.models[0] if request.models else "")
 
 
 async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) -> tuple[Worker, Job | None]:
@@ -87,18 +79,12 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
         return worker, None
     count = 1 if fake else min(body.amount, request.n_remaining)
     if not fake:
-        await session.execute(
-            update(TextRequest)
-            .where(TextRequest.id == request.id)
-            .values(
-                n_remaining=TextRequest.n_remaining - count,
-                expires_at=now + settings.request.expiry_seconds,
-            )
-        )
-        await session.refresh(request)
+        # The row is locked (FOR UPDATE on PostgreSQL, the one writer on SQLite): set it in place.
+        request.n_remaining -= count
+        request.expires_at = now + settings.request.expiry_seconds
     lease = settings.lease.base_seconds
-    model = await _job_model(session, request, worker)
-    speed = worker.lease_speed if worker.lease_speed is not None else settings.speed.assumed_tokens_per_second
+    model = _job_model(request, worker)
+    speed = effective_speed(worker.lease_speed, settings)
     over = request.max_length > worker.capacity
     generations = [
         Generation(

@@ -15,10 +15,14 @@ from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
 from horde_lite.settings import Settings
 
 
+def effective_speed(lease_speed: float | None, settings: Settings) -> float:
+    """The measured lease speed, or the assumed one while the worker is unmeasured."""
+    return settings.speed.assumed_tokens_per_second if lease_speed is None else lease_speed
+
+
 def capacity_for(lease_speed: float | None, settings: Settings) -> int:
-    """floor(speed x (base lease - preparation allowance)); the assumed speed while unmeasured."""
-    speed = settings.speed.assumed_tokens_per_second if lease_speed is None else lease_speed
-    return math.floor(speed * settings.lease.generation_window_seconds)
+    """floor(speed x (base lease - preparation allowance))."""
+    return math.floor(effective_speed(lease_speed, settings) * settings.lease.generation_window_seconds)
 
 
 def record_speed_sample(worker: Worker, tokens: int, seconds: float, settings: Settings) -> float:
@@ -142,7 +146,7 @@ def worker_view(worker: Worker, settings: Settings, now: float) -> dict[str, obj
             "image_transports": worker.chat_image_transports,
         }
     speed = worker.lease_speed
-    shown = speed if speed is not None else settings.speed.assumed_tokens_per_second
+    shown = effective_speed(speed, settings)
     return {
         "type": "text",
         "name": worker.name,

@@ -44,7 +44,6 @@ tool-using chat request, with the unmeasured tools-declaring worker online and o
 from __future__ import annotations
 
 import asyncio
-import math
 import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
@@ -65,6 +64,7 @@ from horde_lite.lifecycle.eligibility import (
     is_eligible,
     text_wp_speed_gate_clause,
 )
+from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.policies.protocols import GateInputs, SpeedGate
 from horde_lite.settings import Settings
 
@@ -127,7 +127,7 @@ def examples(settings: Settings | None = None) -> Any:
             models=draw(subsets(MODELS)),
             max_length=draw(sizes),
             max_context_length=draw(st.sampled_from((1024, 2048, 4096, 8192))),
-            capacity=_capacity(speed, settings),
+            capacity=capacity_for(speed, settings),
             lease_speed=speed,
             trusted=draw(st.booleans()),
             nsfw=draw(st.booleans()),
@@ -183,11 +183,6 @@ def examples(settings: Settings | None = None) -> Any:
     return example()
 
 
-def _capacity(speed: float | None, settings: Settings) -> int:
-    used = settings.speed.assumed_tokens_per_second if speed is None else speed
-    return math.floor(used * settings.lease.generation_window_seconds)
-
-
 def seed_examples(settings: Settings | None = None) -> list[Example]:
     """Hand-written examples that always run: the seed's worked case and its neighbours."""
     settings = settings or Settings()
@@ -198,13 +193,13 @@ def seed_examples(settings: Settings | None = None) -> list[Example]:
         models=frozenset({"model-a"}),
         max_length=1024,
         max_context_length=4096,
-        capacity=_capacity(4.0, settings),
+        capacity=capacity_for(4.0, settings),
         lease_speed=4.0,
         chat_max_completion_tokens=1024,
         chat_max_context_tokens=4096,
         chat_features=frozenset({"tools"}),
     )
-    capable = replace(slow, id="w1", owner_id=2, lease_speed=None, capacity=_capacity(None, settings))
+    capable = replace(slow, id="w1", owner_id=2, lease_speed=None, capacity=capacity_for(None, settings))
     chat = RequestFacts(
         user_id=2,
         is_chat=True,
