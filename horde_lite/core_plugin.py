@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from litestar.config.app import AppConfig
 from litestar.plugins import CLIPluginProtocol, InitPluginProtocol
 
+from horde_lite.api.deps import DEPENDENCIES
 from horde_lite.api.errors import EXCEPTION_HANDLERS
 from horde_lite.api.horde import router as horde_router
 from horde_lite.api.metrics_route import metrics
@@ -46,6 +47,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
 
         app_config.route_handlers.extend([horde_router, metrics, *openai_routes])
         app_config.exception_handlers.update(EXCEPTION_HANDLERS)
+        app_config.dependencies.update(DEPENDENCIES)
         app_config.lifespan.append(self._lifespan)
         return app_config
 

@@ -10,6 +10,7 @@ import msgspec
 from litestar import Request
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from horde_lite.api.deps import apikey_of  # noqa: F401  (re-exported while the faces move over)
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 
@@ -26,22 +27,22 @@ async def decode(request: Request[Any, Any, Any], type_: type[T]) -> T:
     """Decode a JSON body into `type_`; malformed JSON or a bad field is a 400 naming the field."""
     raw = await request.body()
     if len(raw) > MAX_BODY_BYTES:
-        raise HordeError(413, "BadRequest", f"The request body is larger than {MAX_BODY_BYTES} bytes.")
+        raise HordeError("PayloadTooLarge", f"The request body is larger than {MAX_BODY_BYTES} bytes.")
     if not raw.strip():
         raw = b"{}"
     try:
         decoded = msgspec.json.decode(raw, type=type_)
         if b"\\u0000" in raw and _has_nul(msgspec.json.decode(raw)):
             # PostgreSQL text cannot hold NUL (SQLite can): refuse it the same way on both.
-            raise HordeError(400, "BadRequest", "Strings in the request body may not contain NUL characters.")
+            raise HordeError("BadRequest", "Strings in the request body may not contain NUL characters.")
         return decoded
     except msgspec.ValidationError as e:
         path = str(e).rpartition(" - at `$.")[2].rstrip("`") if " - at `$." in str(e) else "body"
         raise HordeError(
-            400, "BadRequest", f"Input payload validation failed: {e}", errors={path: str(e)}, param=path
+            "BadRequest", f"Input payload validation failed: {e}", errors={path: str(e)}, param=path
         ) from e
     except msgspec.DecodeError as e:
-        raise HordeError(400, "BadRequest", f"The request body is not valid JSON: {e}") from e
+        raise HordeError("BadRequest", f"The request body is not valid JSON: {e}") from e
 
 
 def _has_nul(value: Any) -> bool:
@@ -52,16 +53,6 @@ def _has_nul(value: Any) -> bool:
     if isinstance(value, list):
         return any(_has_nul(v) for v in value)
     return False
-
-
-def apikey_of(request: Request[Any, Any, Any]) -> str | None:
-    key = request.headers.get("apikey")
-    if key:
-        return key.strip()
-    auth = request.headers.get("authorization", "")
-    if auth.lower().startswith("bearer "):
-        return auth[7:].strip() or None
-    return None
 
 
 def client_agent_of(request: Request[Any, Any, Any]) -> str:

@@ -12,6 +12,53 @@ from horde_lite.lifecycle.errors import HordeError
 
 log = logging.getLogger("horde_lite.errors")
 
+# Every rc the lifecycle raises -> its HTTP status (upstream's statuses for upstream's codes).
+RC_STATUS: dict[str, int] = {
+    "BadRequest": 400,
+    "MissingPrompt": 400,
+    "TokenOverflow": 400,
+    "ContextLengthExceeded": 400,
+    "DuplicateGen": 400,
+    "AbortedGen": 400,
+    "NotStreamingJob": 400,
+    "ClientDisconnected": 400,
+    "InvalidAPIKey": 401,
+    "KudosUpfront": 403,
+    "SharedKeyInsufficientKudos": 403,
+    "SharedKeyEmpty": 403,
+    "SharedKeyExpired": 403,
+    "WrongCredentials": 403,
+    "AnonForbidden": 403,
+    "AnonForbiddenWorker": 403,
+    "WorkerMaintenance": 403,
+    "NotModerator": 403,
+    "Forbidden": 403,
+    "RequestNotFound": 404,
+    "InvalidJobID": 404,
+    "UserNotFound": 404,
+    "WorkerNotFound": 404,
+    "SharedKeyNotFound": 404,
+    "ModelNotFound": 404,
+    "NotFound": 404,
+    "MethodNotAllowed": 405,
+    "ProgressOutOfOrder": 409,
+    "RequestCancelled": 410,
+    "PayloadTooLarge": 413,
+    "TooManyPrompts": 429,
+    "RateLimited": 429,
+    "InternalServerError": 500,
+    "WorkerFailed": 502,
+    "NoEligibleWorker": 503,
+    "QueueTimeout": 503,
+    "DatabaseUnavailable": 503,
+}
+
+
+def status_of(rc: str) -> int:
+    """The HTTP status of an rc; an rc missing from the table is a server bug, shown as 500."""
+    return RC_STATUS.get(rc, 500)
+
+
 # horde rc -> (OpenAI error type, code) for the chat front.
 OPENAI_CODES: dict[str, tuple[str, str]] = {
     "BadRequest": ("invalid_request_error", "invalid_request_error"),
@@ -64,7 +111,7 @@ def _respond(
 
 
 def horde_error_handler(request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
-    return _respond(request, exc.status, exc.rc, exc.message, **exc.extra)
+    return _respond(request, status_of(exc.rc), exc.rc, exc.message, **exc.extra)
 
 
 def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
@@ -74,7 +121,7 @@ def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> R
                         errors={"request": str(exc.extra or exc.detail)})  # fmt: skip
     if isinstance(exc, NotFoundException):
         return _respond(request, 404, "NotFound", f"No route {request.method} {request.url.path}.")
-    rc = {405: "MethodNotAllowed", 401: "InvalidAPIKey", 403: "Forbidden", 413: "BadRequest"}.get(
+    rc = {405: "MethodNotAllowed", 401: "InvalidAPIKey", 403: "Forbidden", 413: "PayloadTooLarge"}.get(
         status, "HTTPError"
     )
     return _respond(request, status, rc, str(exc.detail))

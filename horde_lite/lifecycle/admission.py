@@ -78,7 +78,7 @@ def _int_param(params: dict[str, Any], name: str, default: int) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise HordeError(
-            400, "BadRequest", f"params.{name} must be an integer.", errors={f"params.{name}": "integer"}
+            "BadRequest", f"params.{name} must be an integer.", errors={f"params.{name}": "integer"}
         )
     return value
 
@@ -93,16 +93,15 @@ def legacy_spec(
     max_length = _int_param(params, "max_length", 80)
     max_context_length = _int_param(params, "max_context_length", 2048)
     if not body.prompt.strip():
-        raise HordeError(400, "MissingPrompt", "A text request needs a prompt.")
+        raise HordeError("MissingPrompt", "A text request needs a prompt.")
     if not 1 <= n <= horde.settings.request.max_n:
-        raise HordeError(400, "BadRequest", f"params.n must be between 1 and {horde.settings.request.max_n}.")
+        raise HordeError("BadRequest", f"params.n must be between 1 and {horde.settings.request.max_n}.")
     if not 16 <= max_length <= limit:
-        raise HordeError(400, "BadRequest", f"params.max_length must be between 16 and {limit}.")
+        raise HordeError("BadRequest", f"params.max_length must be between 16 and {limit}.")
     if max_context_length < 80:
-        raise HordeError(400, "BadRequest", "params.max_context_length must be at least 80.")
+        raise HordeError("BadRequest", "params.max_context_length must be at least 80.")
     if max_context_length < max_length:
         raise HordeError(
-            400,
             "TokenOverflow",
             f"max_context_length ({max_context_length}) must be at least max_length ({max_length}).",
         )
@@ -179,12 +178,11 @@ async def chat_spec(
     limit = settings.request.max_length_limit
     requested = payload.max_tokens or settings.chat.default_max_tokens
     if requested > limit:
-        raise HordeError(400, "BadRequest", f"max_tokens must be at most {limit}.", param="max_tokens")
+        raise HordeError("BadRequest", f"max_tokens must be at most {limit}.", param="max_tokens")
     chat_rules.validate(payload)
     bad = chat_rules.bad_image_urls(payload)
     if bad:
         raise HordeError(
-            400,
             "BadRequest",
             f"image_url must be an http(s) URL or a data: URL; got {bad[0]!r}.",
             param="messages",
@@ -214,7 +212,6 @@ async def chat_spec(
     if not native_route and largest_context is not None and need > largest_context:
         what = ", ".join(models) if models else "any model"
         raise HordeError(
-            400,
             "ContextLengthExceeded",
             f"This request needs {need} context tokens ({tokens} for the messages, estimated as "
             f"characters / 3, plus max_tokens {applied}); the online chat workers for {what} accept at "
@@ -266,9 +263,7 @@ async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) ->
         )
     ).scalar_one()
     if waiting >= limit:
-        raise HordeError(
-            429, "TooManyPrompts", f"You already have {waiting} requests waiting (limit {limit})."
-        )
+        raise HordeError("TooManyPrompts", f"You already have {waiting} requests waiting (limit {limit}).")
 
 
 async def declaration_gap(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now: float) -> str | None:
@@ -494,9 +489,7 @@ async def _refuse(
     if spec.max_length > floor and est.eligible_workers == 0:
         gap = await declaration_gap(session, horde, spec, now)
         detail = f": {gap}" if gap else ""
-        raise HordeError(
-            503, "NoEligibleWorker", f"No online worker can serve this request{detail}.", gap=gap
-        )
+        raise HordeError("NoEligibleWorker", f"No online worker can serve this request{detail}.", gap=gap)
     if not spec.slow_workers and spec.max_length <= allowance:
         reason = "requests that disallow slow workers always need kudos upfront"
         advice = "or allow slow workers"
@@ -506,7 +499,6 @@ async def _refuse(
         )
         advice = f"or ask for at most {allowance} tokens"
     raise HordeError(
-        403,
         "KudosUpfront",
         f"This request needs {cost:.2f} kudos upfront: {reason}. Register and earn kudos by running a "
         f"worker, {advice}.",

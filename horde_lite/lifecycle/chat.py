@@ -18,7 +18,7 @@ RESPONSE_FORMATS = ("text", "json_object", "json_schema")
 
 
 def _bad(message: str, param: str) -> HordeError:
-    return HordeError(400, "BadRequest", message, param=param)
+    return HordeError("BadRequest", message, param=param)
 
 
 def validate(payload: ChatPayload) -> None:

@@ -151,7 +151,6 @@ async def _admit(
     requester = await authenticate(session, apikey, horde.clock.now())
     if not await known_chat_model(session, model):
         raise HordeError(
-            404,
             "ModelNotFound",
             f"The model {model!r} does not exist on this horde: no chat worker serves it. "
             "GET /v1/models lists the models online chat workers serve.",
@@ -375,7 +374,7 @@ class ChatWaiter:
             self._next_eligibility_check = time.monotonic() + ELIGIBILITY_CHECK_SECONDS
         if snap.state is None:
             raise HordeError(
-                502, "WorkerFailed", "The request expired or was removed before a worker answered it."
+                "WorkerFailed", "The request expired or was removed before a worker answered it."
             )
         if snap.finished is not None:
             return snap
@@ -385,7 +384,6 @@ class ChatWaiter:
             if self.streamed:
                 raise await self._fail(
                     HordeError(
-                        502,
                         "WorkerFailed",
                         "The worker stopped after part of the answer was streamed (its lease lapsed or "
                         "it reported a fault); the request was cancelled.",
@@ -396,7 +394,6 @@ class ChatWaiter:
             self.queued_since = now
         if snap.state == "faulted":
             raise HordeError(
-                502,
                 "WorkerFailed",
                 f"The workers that took this request failed it {snap.failures} times; it was given up.",
             )
@@ -404,12 +401,11 @@ class ChatWaiter:
             self.following = current
             return snap
         if snap.state == "cancelled":
-            raise HordeError(410, "RequestCancelled", "This request was cancelled.")
+            raise HordeError("RequestCancelled", "This request was cancelled.")
         if snap.eligible == 0:
             detail = f": {snap.gap}" if snap.gap else ""
             raise await self._fail(
                 HordeError(
-                    503,
                     "NoEligibleWorker",
                     f"No online worker can take this request (waited {settings.grace_seconds:g} s){detail}. "
                     "The model may still be listed while its workers cannot serve this request.",
@@ -420,7 +416,6 @@ class ChatWaiter:
         if now - self.queued_since >= settings.max_queue_wait_seconds:
             raise await self._fail(
                 HordeError(
-                    503,
                     "QueueTimeout",
                     f"No worker took this request within {settings.max_queue_wait_seconds:g} s; the "
                     f"workers for {self.chat.model} are busy. Try again later.",

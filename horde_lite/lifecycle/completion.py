@@ -30,7 +30,7 @@ def count_tokens(text: str, reported: int | None) -> int:
 async def load_generation_for_worker(
     session: AsyncSession, user: User, generation_id: str, *, lock: bool = True
 ) -> tuple[Generation, Worker, TextRequest]:
-    missing = HordeError(404, "InvalidJobID", f"No processing generation with id {generation_id}.")
+    missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
     request_id = (
         await session.execute(select(Generation.request_id).where(Generation.id == generation_id))
     ).scalar_one_or_none()
@@ -51,18 +51,16 @@ async def load_generation_for_worker(
     )
     assert worker is not None
     if worker.owner_id != user.id:
-        raise HordeError(403, "WrongCredentials", "This generation belongs to another user's worker.")
+        raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
     return generation, worker, request
 
 
 def require_live(generation: Generation) -> None:
     """Only a generation still holding its lease takes a submit or a progress post."""
     if generation.state == "aborted":
-        raise HordeError(
-            400, "AbortedGen", "This generation's lease lapsed; the job was given back to the queue."
-        )
+        raise HordeError("AbortedGen", "This generation's lease lapsed; the job was given back to the queue.")
     if generation.state != "processing":
-        raise HordeError(400, "DuplicateGen", "This generation was already submitted.")
+        raise HordeError("DuplicateGen", "This generation was already submitted.")
 
 
 async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitInput) -> float:

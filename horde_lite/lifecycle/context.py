@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
@@ -26,3 +28,21 @@ class Horde:
 
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """One short transaction: committed when the block ends, rolled back on any error (so a
+        refused request leaves nothing behind). Lifecycle entry points open their own."""
+        async with self.sessionmaker() as session, session.begin():
+            yield session
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, as the faces hand it to the lifecycle: the key it presented (None: none, the
+    anonymous key's stand-in), its client agent and its address. The lifecycle authenticates it
+    inside the entry point's own transaction."""
+
+    apikey: str | None = None
+    client_agent: str = ""
+    address: str = ""

@@ -1,4 +1,5 @@
-"""Refusals raised by the lifecycle. Each face maps them to its own error shape."""
+"""Refusals raised by the lifecycle, named by their upstream `rc` code. Each face maps an rc to its
+HTTP status and its own error shape (`horde_lite.api.errors`); the lifecycle knows no HTTP."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ from typing import Any
 
 
 class HordeError(Exception):
-    """A refusal with an upstream `rc` code and an HTTP status."""
+    """A refusal with an upstream `rc` code and a message for the client. `extra` carries what a
+    face may show beside it: `param` (the offending field), `errors` (field -> problem),
+    `retry_after` (seconds)."""
 
-    def __init__(self, status: int, rc: str, message: str, **extra: Any) -> None:
+    def __init__(self, rc: str, message: str, **extra: Any) -> None:
         super().__init__(message)
-        self.status = status
         self.rc = rc
         self.message = message
         self.extra = extra

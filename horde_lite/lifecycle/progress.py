@@ -52,7 +52,6 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
     require_live(generation)
     if not request.is_chat or not request.stream:
         raise HordeError(
-            400,
             "NotStreamingJob",
             "Progress posts are only for streaming chat jobs (a pop answer with kind 'chat' and "
             "stream true); submit this job's result instead.",
@@ -64,7 +63,6 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
         return ProgressAnswer(request.id, generation.lease_expires_at, cancel, False, generation.fake)
     if body.seq != last + 1:
         raise HordeError(
-            409,
             "ProgressOutOfOrder",
             f"Progress seq {body.seq} leaves a gap: the next one expected is {last + 1} "
             f"(repeats of 1..{last} are acknowledged and ignored).",

@@ -43,7 +43,7 @@ def _apply(shared: SharedKey, body: SharedKeyInput | SharedKeyPatch, now: float)
 
 async def create(session: AsyncSession, horde: Horde, owner: User, body: SharedKeyInput) -> dict[str, Any]:
     if owner.anonymous:
-        raise HordeError(403, "AnonForbidden", "The anonymous user cannot make shared keys.")
+        raise HordeError("AnonForbidden", "The anonymous user cannot make shared keys.")
     key = new_shared_key()
     now = horde.clock.now()
     shared = SharedKey(key_hash=hash_key(key), user_id=owner.id, created_at=now, utilized=0.0)
@@ -56,7 +56,7 @@ async def create(session: AsyncSession, horde: Horde, owner: User, body: SharedK
 async def _load(session: AsyncSession, key: str) -> SharedKey:
     shared = await session.get(SharedKey, hash_key(key))
     if shared is None:
-        raise HordeError(404, "SharedKeyNotFound", "No shared key with that id.")
+        raise HordeError("SharedKeyNotFound", "No shared key with that id.")
     return shared
 
 
@@ -72,7 +72,7 @@ async def change(
 ) -> dict[str, Any]:
     shared = await _load(session, key)
     if shared.user_id != owner.id:
-        raise HordeError(403, "WrongCredentials", "This shared key belongs to another user.")
+        raise HordeError("WrongCredentials", "This shared key belongs to another user.")
     _apply(shared, body, horde.clock.now())
     return _view(shared, owner, key)
 
@@ -80,5 +80,5 @@ async def change(
 async def remove(session: AsyncSession, owner: User, key: str) -> None:
     shared = await _load(session, key)
     if shared.user_id != owner.id:
-        raise HordeError(403, "WrongCredentials", "This shared key belongs to another user.")
+        raise HordeError("WrongCredentials", "This shared key belongs to another user.")
     await session.delete(shared)

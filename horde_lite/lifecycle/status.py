@@ -23,7 +23,7 @@ async def get_request(session: AsyncSession, request_id: str, *, lock: bool = Fa
         query = query.with_for_update()
     request = (await session.execute(query)).scalar_one_or_none()
     if request is None:
-        raise HordeError(404, "RequestNotFound", f"No request with id {request_id} (it may have expired).")
+        raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     return request
 
 

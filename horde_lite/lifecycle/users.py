@@ -70,12 +70,12 @@ async def create_user(
     """Create a user and return it with its new key (shown once; only the hash is kept)."""
     username = username.strip()
     if not username or len(username) > 100:
-        raise HordeError(400, "BadRequest", "A username must be 1 to 100 characters.")
+        raise HordeError("BadRequest", "A username must be 1 to 100 characters.")
     if username.lower() == ANONYMOUS_NAME.lower() or "#" in username:
-        raise HordeError(400, "BadRequest", f"{username!r} is reserved or contains '#'; pick another name.")
+        raise HordeError("BadRequest", f"{username!r} is reserved or contains '#'; pick another name.")
     exists = await session.execute(select(User.id).where(User.username == username))
     if exists.first() is not None:
-        raise HordeError(400, "BadRequest", f"A user named {username!r} already exists.")
+        raise HordeError("BadRequest", f"A user named {username!r} already exists.")
     key = new_api_key()
     user = User(
         username=username, api_key_hash=hash_key(key), trusted=trusted, moderator=moderator, created_at=now
@@ -93,7 +93,7 @@ async def find_by_name(session: AsyncSession, username: str) -> User:
         query = query.where(User.id == min(int(uid), 2**31 - 1))  # beyond the column: no such user
     user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
-        raise HordeError(404, "UserNotFound", f"No user named {username!r}.")
+        raise HordeError("UserNotFound", f"No user named {username!r}.")
     return user
 
 
@@ -112,35 +112,31 @@ async def authenticate(session: AsyncSession, apikey: str | None, now: float) ->
         owner = await session.get(User, shared.user_id)
         assert owner is not None
         return Requester(owner, shared)
-    raise HordeError(401, "InvalidAPIKey", "No user matched the provided API key.")
+    raise HordeError("InvalidAPIKey", "No user matched the provided API key.")
 
 
 async def authenticate_user(session: AsyncSession, apikey: str | None, now: float) -> User:
     """A registered user's own key: what workers, shared-key management and moderation need."""
     requester = await authenticate(session, apikey, now)
     if requester.shared_key is not None:
-        raise HordeError(
-            403, "WrongCredentials", "A shared key cannot be used for this; use the owner's key."
-        )
+        raise HordeError("WrongCredentials", "A shared key cannot be used for this; use the owner's key.")
     return requester.user
 
 
 def check_shared_key(shared: SharedKey, now: float, max_length: int, cost: float) -> None:
     """The shared key's own limits: expiry, token cap and kudos budget."""
     if shared.expiry is not None and shared.expiry <= now:
-        raise HordeError(403, "SharedKeyExpired", "This shared key has expired.")
+        raise HordeError("SharedKeyExpired", "This shared key has expired.")
     if shared.kudos >= 0 and shared.utilized >= shared.kudos:
-        raise HordeError(403, "SharedKeyEmpty", "This shared key has no kudos left.")
+        raise HordeError("SharedKeyEmpty", "This shared key has no kudos left.")
     if shared.max_text_tokens >= 0 and max_length > shared.max_text_tokens:
         raise HordeError(
-            403,
             "SharedKeyInsufficientKudos",
             f"This shared key allows at most {shared.max_text_tokens} tokens per request; "
             f"this request asks {max_length}.",
         )
     if shared.kudos >= 0 and cost > shared.kudos - shared.utilized:
         raise HordeError(
-            403,
             "SharedKeyInsufficientKudos",
             f"This shared key has {shared.kudos - shared.utilized:.2f} kudos left; "
             f"this request needs {cost:.2f}.",

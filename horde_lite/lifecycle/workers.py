@@ -64,7 +64,7 @@ async def check_in(
     """Create the worker on its first pop, else store its new declarations. Raises for a name
     owned by someone else, and for the anonymous user."""
     if owner.anonymous:
-        raise HordeError(403, "AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
+        raise HordeError("AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
     # so their model lists never race.
     by_name = select(Worker).where(Worker.name == body.name).with_for_update()
@@ -81,7 +81,7 @@ async def check_in(
         except IntegrityError:  # another pop created this worker first (PostgreSQL)
             worker = (await session.execute(by_name)).scalar_one()
     if worker.owner_id != owner.id:
-        raise HordeError(403, "WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
+        raise HordeError("WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
     models = list(dict.fromkeys(m.strip() for m in body.models if m.strip()))[:100]
     worker.trusted = owner.trusted
     worker.max_length = body.max_length
@@ -109,7 +109,7 @@ async def check_in(
 async def get_worker(session: AsyncSession, worker_id: str) -> Worker:
     worker = await session.get(Worker, worker_id)
     if worker is None:
-        raise HordeError(404, "WorkerNotFound", f"No worker with id {worker_id}.")
+        raise HordeError("WorkerNotFound", f"No worker with id {worker_id}.")
     return worker
 
 
@@ -120,7 +120,7 @@ async def update_worker(session: AsyncSession, actor: User, worker_id: str, body
     if body.maintenance is not None or body.maintenance_msg is not None:
         if not (is_owner or actor.moderator):
             raise HordeError(
-                403, "WrongCredentials", "Only the worker's owner or a moderator can set maintenance."
+                "WrongCredentials", "Only the worker's owner or a moderator can set maintenance."
             )
         if body.maintenance is not None:
             worker.maintenance = body.maintenance
@@ -128,7 +128,7 @@ async def update_worker(session: AsyncSession, actor: User, worker_id: str, body
             worker.maintenance_msg = body.maintenance_msg[:255]
     if body.paused is not None:
         if not actor.moderator:
-            raise HordeError(403, "NotModerator", "Only a moderator can pause a worker.")
+            raise HordeError("NotModerator", "Only a moderator can pause a worker.")
         worker.paused = body.paused
     await session.flush()
     return worker

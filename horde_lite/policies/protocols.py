@@ -45,7 +45,7 @@ class GateSql:
 
 @runtime_checkable
 class SpeedGate(Protocol):
-    """Both halves of one offer rule; the contract test (horde_lite.policies.contract) proves
+    """Both halves of one offer rule; the contract test (horde_lite.testing.speed_gate_contract) proves
     they agree on SQLite and PostgreSQL."""
 
     def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool: ...

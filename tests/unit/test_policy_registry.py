@@ -25,10 +25,10 @@ import horde_lite
 from horde_lite import cli
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
-from horde_lite.policies.contract import check_speed_gate, speed_gate_contract
 from horde_lite.policies.protocols import KINDS, AllowanceCurve, ShadowMetrics, SpeedGate
 from horde_lite.policies.registry import PolicyError, installed, listing, load_policies
 from horde_lite.settings import load_settings
+from horde_lite.testing.speed_gate_contract import check_speed_gate, speed_gate_contract
 from tests.conftest import make_settings
 from tests.support.horde import HordeClient
 

@@ -31,8 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from horde_lite.db.engine import make_engine
 from horde_lite.db.models import Generation
 from horde_lite.db.sqltypes import JsonList, TextArrayContainsAll
-from horde_lite.policies.contract import check_speed_gate
 from horde_lite.policies.registry import installed
+from horde_lite.testing.speed_gate_contract import check_speed_gate
 from tests.support.horde import HordeClient
 from tests.support.prom import value
 

@@ -19,7 +19,7 @@ from litestar import Request, Response, post
 from litestar.response import Stream
 
 from horde_lite.api.common import apikey_of, client_agent_of, decode, horde_of
-from horde_lite.api.errors import openai_body
+from horde_lite.api.errors import openai_body, status_of
 from horde_lite.api.openai import schemas
 from horde_lite.lifecycle import chat_front
 from horde_lite.lifecycle.context import Horde
@@ -98,9 +98,7 @@ async def _unless_client_leaves(
     log.info("client left before its answer request=%s", chat.request_id)
     with anyio.CancelScope(shield=True):
         await chat_front.abandon(horde, chat.request_id)
-    raise HordeError(
-        400, "ClientDisconnected", "The client closed the connection; the request was cancelled."
-    )
+    raise HordeError("ClientDisconnected", "The client closed the connection; the request was cancelled.")
 
 
 async def _events(
@@ -128,7 +126,7 @@ async def _events(
                 finished = True
     except HordeError as error:
         finished = True  # the waiter has cancelled what needed cancelling
-        yield schemas.sse(openai_body(error.status, error.rc, error.message))
+        yield schemas.sse(openai_body(status_of(error.rc), error.rc, error.message))
     except Exception:
         log.exception("chat stream failed request=%s", chat.request_id)
         message = "The server hit an internal error; the request was cancelled."

@@ -40,7 +40,7 @@ async def show_model(request: Req, model: FromPath[str]) -> dict[str, Any]:
     for listed, created in await _listed(request):
         if listed == name:
             return _model(listed, created)
-    raise HordeError(404, "ModelNotFound", f"No online chat worker serves the model {name!r}.", param="model")
+    raise HordeError("ModelNotFound", f"No online chat worker serves the model {name!r}.", param="model")
 
 
 HANDLERS = [list_models, show_model]

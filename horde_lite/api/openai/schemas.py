@@ -33,7 +33,7 @@ class ChatCompletionInput(ChatOptions, kw_only=True):
 
 
 def _bad(message: str, param: str) -> HordeError:
-    return HordeError(400, "BadRequest", message, param=param)
+    return HordeError("BadRequest", message, param=param)
 
 
 def to_payload(body: ChatCompletionInput) -> ChatPayload:

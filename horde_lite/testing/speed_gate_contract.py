@@ -8,7 +8,7 @@ availability think impossible, or the other way round. This module checks them a
 on a real, migrated database, for fleets of workers and queues of requests generated with
 hypothesis, so a third-party gate can run exactly the test the built-in ones pass:
 
-    from horde_lite.policies.contract import check_speed_gate
+    from horde_lite.testing.speed_gate_contract import check_speed_gate
     from my_package.gate import MyGate
 
     def test_my_gate_keeps_the_contract() -> None:

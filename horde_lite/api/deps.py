@@ -1,0 +1,39 @@
+"""The request's context, as Litestar dependencies every handler of both faces can ask for by
+name: `horde` (the running horde) and `caller` (the key, client agent and address it came with)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request
+from litestar.datastructures import State
+from litestar.di import Provide
+
+from horde_lite.lifecycle.context import Caller, Horde
+
+
+def provide_horde(state: State) -> Horde:
+    return state.horde
+
+
+def apikey_of(request: Request[Any, Any, Any]) -> str | None:
+    """The `apikey` header (the horde API's), else an `Authorization: Bearer` token (OpenAI's)."""
+    key = request.headers.get("apikey")
+    if key:
+        return key.strip()
+    auth = request.headers.get("authorization", "")
+    if auth.lower().startswith("bearer "):
+        return auth[7:].strip() or None
+    return None
+
+
+def provide_caller(request: Request[Any, Any, Any]) -> Caller:
+    agent = request.headers.get("client-agent") or request.headers.get("client_agent") or ""
+    address = request.client.host if request.client else ""
+    return Caller(apikey=apikey_of(request), client_agent=agent, address=address)
+
+
+DEPENDENCIES: dict[str, Provide] = {
+    "horde": Provide(provide_horde, sync_to_thread=False),
+    "caller": Provide(provide_caller, sync_to_thread=False),
+}
