@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -26,9 +27,12 @@ from horde_lite.settings import Settings
 from tests.support.horde import HordeClient
 from tests.support.postgres import PostgresTarget, require_postgres, resolve_postgres
 
-# Each concurrent test run on one server needs its own database (set this per run to share a server).
-PG_TEST_DB = os.environ.get("HORDE_LITE_TEST_PG_DB", "horde_lite_tests")
+# Each test run gets its own database on the server, dropped when the run ends, so two runs against
+# one PostgreSQL never collide. HORDE_LITE_TEST_PG_DB names a fixed one instead (kept afterwards).
+_FIXED_PG_DB = os.environ.get("HORDE_LITE_TEST_PG_DB")
+PG_TEST_DB = _FIXED_PG_DB or f"horde_lite_tests_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 _pg: PostgresTarget | None = None
+_pg_created: str | None = None  # the base server URL, once this run has created PG_TEST_DB
 
 
 def _postgres() -> PostgresTarget:
@@ -47,8 +51,26 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _pg_created is not None and not _FIXED_PG_DB:
+        asyncio.run(_drop_pg_database(_pg_created))
     if _pg is not None:
         _pg.stop()
+
+
+async def _admin_connection(base_url: str, database: str | None = None) -> asyncpg.Connection:
+    url = make_url(base_url)
+    return await asyncpg.connect(
+        host=url.host, port=url.port or 5432, user=url.username, password=url.password,
+        database=database or url.database,
+    )  # fmt: skip
+
+
+async def _drop_pg_database(base_url: str) -> None:
+    conn = await _admin_connection(base_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{PG_TEST_DB}" WITH (FORCE)')
+    finally:
+        await conn.close()
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
@@ -61,18 +83,16 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
 
 async def _reset_pg_database(base_url: str) -> str:
     """A dedicated database on the server, emptied once per session; returns its async URL."""
+    global _pg_created
     url = make_url(base_url)
-    conn = await asyncpg.connect(
-        host=url.host, port=url.port or 5432, user=url.username, password=url.password, database=url.database
-    )
+    conn = await _admin_connection(base_url)
     try:
         if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", PG_TEST_DB):
             await conn.execute(f'CREATE DATABASE "{PG_TEST_DB}"')
+        _pg_created = base_url
     finally:
         await conn.close()
-    conn = await asyncpg.connect(
-        host=url.host, port=url.port or 5432, user=url.username, password=url.password, database=PG_TEST_DB
-    )
+    conn = await _admin_connection(base_url, PG_TEST_DB)
     try:
         await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
     finally:
