@@ -11,7 +11,9 @@ from typing import TypeVar
 
 import click
 
+from horde_lite.demo.command import demo as demo_command
 from horde_lite.settings import Settings, SettingsError, load_settings
+from horde_lite.worker.command import worker as worker_command
 
 T = TypeVar("T")
 APP = "horde_lite.app:create_app"
@@ -49,6 +51,8 @@ def register_commands(cli: click.Group) -> None:
     cli.add_command(database)
     cli.add_command(users)
     cli.add_command(policies)
+    cli.add_command(worker_command)
+    cli.add_command(demo_command)
 
 
 @click.group(help="The database schema.")
@@ -105,6 +109,7 @@ def users_kudos(name: str, amount: float, add: bool) -> None:
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         user = await find_by_name(session, name)
+        await session.refresh(user, with_for_update=True)  # the balance read is the one moved
         delta = amount if add else amount - user.kudos
         await ledger.record(session, user.id, delta, "grant" if delta >= 0 else "debit", "cli", now)
         await session.refresh(user)

@@ -1,0 +1,70 @@
+"""What a worker is told (flags) and what it declares to the horde in every pop."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from horde_lite.worker.backends.base import Discovered
+
+try:
+    VERSION = version("horde-lite")
+except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
+    VERSION = "0"
+BRIDGE_AGENT = f"horde-lite worker:{VERSION}:unknown"  # upstream's "name:version:url"
+DEFAULT_CONTEXT = 4096  # when neither the backend nor a flag says
+MAX_DEFAULT_OUTPUT = 4096  # the default max_length is half the context, at most this
+
+
+@dataclass
+class WorkerConfig:
+    horde: str  # the server's base URL, e.g. http://127.0.0.1:8000 (a trailing /api is accepted)
+    key: str
+    name: str
+    models: list[str] = field(default_factory=list)
+    threads: int = 1
+    max_length: int | None = None
+    max_context_length: int | None = None
+    chat: bool = True  # declare a chat block (False: a legacy-only worker)
+    max_completion_tokens: int | None = None
+    max_context_tokens: int | None = None
+    features: list[str] = field(default_factory=list)
+    image_transports: list[str] = field(default_factory=list)
+    nsfw: bool = False
+    priority_usernames: list[str] = field(default_factory=list)
+    progress_interval: float = 0.3  # at most ~3 progress posts a second per job
+    drain_seconds: float = 30.0  # on SIGINT/SIGTERM, jobs in hand get this long, then are faulted
+    handle_signals: bool = True
+
+
+class ConfigError(Exception):
+    pass
+
+
+def declarations(config: WorkerConfig, found: Discovered) -> dict[str, Any]:
+    """The pop body: flags first, then what the backend said, then defaults."""
+    models = config.models or found.models
+    if not models:
+        raise ConfigError("the backend lists no model: name the model(s) to serve with --model")
+    context = max(80, config.max_context_length or found.context or DEFAULT_CONTEXT)
+    max_length = config.max_length or found.max_output or min(context // 2, MAX_DEFAULT_OUTPUT)
+    body: dict[str, Any] = {
+        "name": config.name,
+        "models": models,
+        "max_length": max(16, min(max_length, 65536)),
+        "max_context_length": context,
+        "threads": config.threads,
+        "amount": 1,
+        "nsfw": config.nsfw,
+        "bridge_agent": BRIDGE_AGENT,
+        "priority_usernames": config.priority_usernames,
+    }
+    if config.chat:
+        body["chat"] = {
+            "max_completion_tokens": config.max_completion_tokens or body["max_length"],
+            "max_context_tokens": config.max_context_tokens or context,
+            "features": sorted(set(config.features)),
+            "image_transports": sorted(set(config.image_transports)),
+        }
+    return body
