@@ -1,0 +1,253 @@
+"""The money and job invariants of a horde, read straight from its database.
+
+Shared by the stateful test (checked after every step) and the soak (`bench/soak.py`, checked after
+the drain). Each check reads committed rows only, so it must hold between any two transactions:
+
+- every balance equals the sum of its ledger events;
+- no active hold on a request that is over (or gone), and no hold outside 0 <= remaining <= amount;
+- no job handed out twice: a request's running and finished jobs never exceed its `n`;
+- the status counts add up: a waiting request's `waiting + processing + finished == n`, a done one
+  has all `n` finished, a cancelled or faulted one hands nothing more out;
+- one settlement per job: each generation has at most one reward and one charge, the charge is
+  `reward + 1` (the documented burn, docs/explanation/kudos_accounting.md), stored generations
+  agree with their events, and nothing but a stored non-fake result is paid;
+- kudos are conserved: charges paid = rewards earned + 1 per job, and the balances sum to the
+  operator's grants minus those burns;
+- after a drain (`drained=True`): every request is final and no job is running.
+
+`check` returns the violations as readable lines (empty: all hold) plus the figures the soak prints.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from sqlalchemy import select
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from horde_lite.db.models import Generation, KudosEvent, KudosHold, SharedKey, TextRequest, User
+
+FINISHED = ("ok", "censored")
+JOB_KINDS = ("reward", "charge")
+# Balances are floats moved by amounts rounded to cents; sums taken in another order differ by
+# float noise only. A real leak is at least a cent.
+TOLERANCE = 0.005
+
+
+@dataclass
+class Report:
+    violations: list[str] = field(default_factory=list)
+    figures: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _close(a: float, b: float, slack: float = TOLERANCE) -> bool:
+    return math.isclose(a, b, rel_tol=1e-9, abs_tol=slack)
+
+
+async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) -> Report:
+    """Read every table once, in one transaction, and check the invariants above.
+
+    At most `limit` violations are listed per invariant (the count of the rest is added)."""
+    async with engine.connect() as conn:
+        if conn.dialect.name == "postgresql":  # one snapshot for every read (SQLite's BEGIN IMMEDIATE is one)
+            await conn.execution_options(isolation_level="REPEATABLE READ")
+        users = (await conn.execute(select(User.id, User.username, User.kudos))).all()
+        events = (
+            await conn.execute(select(KudosEvent.user_id, KudosEvent.amount, KudosEvent.kind, KudosEvent.ref))
+        ).all()
+        holds = (
+            await conn.execute(
+                select(
+                    KudosHold.key,
+                    KudosHold.request_id,
+                    KudosHold.amount,
+                    KudosHold.remaining,
+                    KudosHold.active,
+                )
+            )
+        ).all()
+        requests = (
+            await conn.execute(
+                select(
+                    TextRequest.id,
+                    TextRequest.state,
+                    TextRequest.n_total,
+                    TextRequest.n_remaining,
+                    TextRequest.kudos_spent,
+                    TextRequest.shared_key_hash,
+                )
+            )
+        ).all()
+        generations = (
+            await conn.execute(
+                select(
+                    Generation.id, Generation.request_id, Generation.state, Generation.fake, Generation.reward
+                )
+            )
+        ).all()
+        shared = (await conn.execute(select(SharedKey.key_hash, SharedKey.utilized))).all()
+        await conn.rollback()
+
+    found: dict[str, list[str]] = defaultdict(list)
+
+    def bad(invariant: str, message: str) -> None:
+        found[invariant].append(message)
+
+    # --- balances and the ledger ------------------------------------------------------------------
+    ledger: dict[int, float] = defaultdict(float)
+    for e in events:
+        ledger[e.user_id] += e.amount
+    for u in users:
+        if not _close(u.kudos, ledger.get(u.id, 0.0)):
+            bad(
+                "balance == ledger",
+                f"user {u.username} (id {u.id}): balance {u.kudos!r}, ledger {ledger[u.id]!r}",
+            )
+
+    # --- per request: jobs within n, status counts -------------------------------------------------
+    by_request: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    for g in generations:
+        if not g.fake:
+            by_request[g.request_id][g.state] += 1
+    state_of: dict[str, str] = {}
+    over: set[str] = set()  # requests that hand out nothing more and run nothing
+    for r in requests:
+        counts = by_request.get(r.id, {})
+        finished = sum(counts.get(s, 0) for s in FINISHED)
+        processing = counts.get("processing", 0)
+        state_of[r.id] = r.state
+        where = (
+            f"request {r.id} ({r.state}, n={r.n_total}, waiting={r.n_remaining}, "
+            f"processing={processing}, finished={finished})"
+        )
+        if finished + processing > r.n_total:
+            bad("no job handed out twice", f"{where}: more jobs running or finished than n")
+        if r.n_remaining < 0:
+            bad("status counts add up", f"{where}: negative waiting count")
+        if r.state == "waiting":
+            if r.n_remaining + processing + finished != r.n_total:
+                bad("status counts add up", f"{where}: waiting + processing + finished != n")
+            if r.n_remaining == 0 and processing == 0:
+                bad("status counts add up", f"{where}: nothing left to do but still waiting")
+        elif r.state == "done":
+            if finished != r.n_total or processing or r.n_remaining:
+                bad("status counts add up", f"{where}: done without all n finished")
+        elif r.state in ("cancelled", "faulted"):
+            if r.n_remaining:
+                bad("status counts add up", f"{where}: still has jobs to hand out")
+        else:
+            bad("status counts add up", f"{where}: unknown state")
+        if r.state != "waiting" and processing == 0:
+            over.add(r.id)
+        if drained and (r.state == "waiting" or processing):
+            bad("every request final after the drain", where)
+
+    # --- holds -------------------------------------------------------------------------------------
+    for h in holds:
+        if not (-TOLERANCE <= h.remaining <= h.amount + TOLERANCE):
+            bad("holds in range", f"hold {h.key}: remaining {h.remaining} outside 0..{h.amount}")
+        if h.active and (h.request_id not in state_of or h.request_id in over):
+            state = state_of.get(h.request_id, "gone (expired)")
+            bad("no active hold on a finished request", f"hold {h.key}: active, request {state}")
+
+    # --- settlements: one per stored job, charge = reward + 1 ----------------------------------------
+    paid: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    rewards = charges = grants = 0.0
+    for e in events:
+        if e.kind in JOB_KINDS:
+            paid[e.ref][e.kind].append(e.amount)
+            if e.kind == "reward":
+                rewards += e.amount
+            else:
+                charges += e.amount
+        else:
+            grants += e.amount
+    jobs_paid = 0
+    for ref, kinds in paid.items():
+        reward, charge = kinds.get("reward", []), kinds.get("charge", [])
+        if len(reward) != 1 or len(charge) != 1:
+            bad(
+                "no generation submitted twice",
+                f"generation {ref}: {len(reward)} rewards, {len(charge)} charges",
+            )
+            continue
+        jobs_paid += 1
+        if not _close(charge[0], -round(reward[0] + 1, 2)):
+            bad("kudos paid == earned + burns", f"generation {ref}: reward {reward[0]}, charge {charge[0]}")
+    spent: dict[str, float] = defaultdict(float)
+    for g in generations:
+        kinds = paid.get(g.id)
+        stored = g.state in FINISHED and not g.fake
+        if stored and kinds is None:
+            bad("one settlement per stored job", f"generation {g.id} ({g.state}) was never paid")
+        elif not stored and kinds is not None:
+            bad("one settlement per stored job", f"generation {g.id} ({g.state}, fake={g.fake}) was paid")
+        elif kinds is not None and kinds.get("reward") and not _close(kinds["reward"][0], g.reward):
+            bad(
+                "one settlement per stored job",
+                f"generation {g.id}: reward {g.reward}, ledger {kinds['reward'][0]}",
+            )
+        if kinds is not None and kinds.get("charge"):
+            spent[g.request_id] -= kinds["charge"][0]
+    for r in requests:
+        if not _close(r.kudos_spent, spent.get(r.id, 0.0), TOLERANCE * (1 + r.n_total)):
+            bad(
+                "one settlement per stored job",
+                f"request {r.id}: kudos {r.kudos_spent}, charged {spent.get(r.id, 0.0)}",
+            )
+    key_spent: dict[str, float] = defaultdict(float)
+    for r in requests:
+        if r.shared_key_hash is not None:
+            key_spent[r.shared_key_hash] += spent.get(r.id, 0.0)
+    for k in shared:
+        # Expired requests are deleted, so the key may have paid for more than the rows show.
+        if k.utilized + TOLERANCE * (1 + len(requests)) < key_spent.get(k.key_hash, 0.0):
+            bad(
+                "shared key totals",
+                f"shared key {k.key_hash[:8]}: utilized {k.utilized} < charged {key_spent[k.key_hash]}",
+            )
+
+    slack = TOLERANCE * (1 + jobs_paid)
+    if not _close(-charges, rewards + jobs_paid, slack):
+        bad(
+            "kudos paid == earned + burns",
+            f"charged {-charges:.2f} != rewarded {rewards:.2f} + {jobs_paid} jobs",
+        )
+    total = sum(u.kudos for u in users)
+    if not _close(total, grants - jobs_paid, slack):
+        bad(
+            "kudos paid == earned + burns",
+            f"balances sum to {total:.2f}, grants {grants:.2f}, burns {jobs_paid}",
+        )
+
+    report = Report()
+    for invariant, lines in found.items():
+        report.violations.extend(f"{invariant}: {line}" for line in lines[:limit])
+        if len(lines) > limit:
+            report.violations.append(f"{invariant}: ... and {len(lines) - limit} more")
+    states: dict[str, int] = defaultdict(int)
+    for r in requests:
+        states[r.state] += 1
+    gen_states: dict[str, int] = defaultdict(int)
+    for g in generations:
+        gen_states[g.state] += 1
+    report.figures = {
+        "users": len(users),
+        "requests stored": len(requests),
+        **{f"requests {s}": n for s, n in sorted(states.items())},
+        "generations stored": len(generations),
+        **{f"generations {s}": n for s, n in sorted(gen_states.items())},
+        "jobs paid": jobs_paid,
+        "kudos rewarded": round(rewards, 2),
+        "kudos charged": round(-charges, 2),
+        "kudos burned": jobs_paid,
+        "kudos granted": round(grants, 2),
+        "active holds": sum(1 for h in holds if h.active),
+    }
+    return report
