@@ -9,11 +9,27 @@ from __future__ import annotations
 import logging
 
 from litestar import Litestar
-from litestar.logging import LoggingConfig
+from litestar.config.cors import CORSConfig
 
+from horde_lite.api.logfilter import logging_config
+from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
+from horde_lite.api.ratelimit import rate_limit_middleware
 from horde_lite.clock import Clock
 from horde_lite.core_plugin import HordeLitePlugin
-from horde_lite.settings import Settings, load_settings
+from horde_lite.settings import HttpSettings, Settings, load_settings
+
+# Headers a browser client's JavaScript may read from an answer (CORS hides the others).
+EXPOSED_HEADERS = ["Retry-After", "x-should-retry", "RateLimit-Limit", "RateLimit-Remaining",
+                   "RateLimit-Reset", "RateLimit-Policy"]  # fmt: skip
+
+
+def cors_config(http: HttpSettings) -> CORSConfig | None:
+    """Browsers may call the API from the listed origins (any with "*"), sending any header (the
+    horde's `apikey` and `Client-Agent`, OpenAI's `Authorization`); no list, no CORS."""
+    if not http.cors_origins:
+        return None
+    origins = list(http.cors_origins)
+    return CORSConfig(allow_origins=origins, allow_headers=["*"], expose_headers=EXPOSED_HEADERS)
 
 
 def create_app(
@@ -21,12 +37,15 @@ def create_app(
 ) -> Litestar:
     settings = settings or load_settings()
     return Litestar(
-        plugins=[HordeLitePlugin(settings, clock, run_sweeper=run_sweeper)],
-        logging_config=LoggingConfig(
+        plugins=[HordeLitePlugin(settings, clock, run_sweeper=run_sweeper), ErrorResponsesPlugin()],
+        route_handlers=docs_routes(),
+        middleware=rate_limit_middleware(settings.ratelimit),
+        cors_config=cors_config(settings.http),
+        logging_config=logging_config(
             root={"level": logging.getLevelName(logging.INFO), "handlers": ["queue_listener"]},
             log_exceptions="debug",
             disable_stack_trace={404, 400, 401, 403, 409, 429, 503},
         ),
         request_max_body_size=4 * 1024 * 1024,
-        openapi_config=None,
+        openapi_config=openapi_config(),
     )

@@ -70,7 +70,9 @@ class ChatSettings(_Table):
     grace_seconds: float = 60
     max_queue_wait_seconds: float = 300
     default_max_tokens: int = 512
-    poll_seconds: float = 0.2
+    # The slow poll of a waiting /v1 call; changes wake it at once (in process, and via
+    # PostgreSQL LISTEN/NOTIFY across processes), so this only bounds what no wake-up reaches.
+    poll_seconds: float = 3.0
 
 
 class AllowanceSettings(_Table):
@@ -103,8 +105,25 @@ class PoliciesSettings(_Table):
     options: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
 
 
+class HttpSettings(_Table):
+    # Origins a browser may call the API from (CORS); ["*"] is any origin, as upstream; [] turns CORS off.
+    cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
+
+
+class RateLimitSettings(_Table):
+    # Calls per minute per (API key, client address) pair, counted per server process; 0 = no limit.
+    create_per_minute: int = 60
+    status_per_minute: int = 600
+
+    def __post_init__(self) -> None:
+        if self.create_per_minute < 0 or self.status_per_minute < 0:
+            raise ValueError("[ratelimit] limits must be >= 0 (0 turns a limit off)")
+
+
 class Settings(_Table):
     database: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
+    http: HttpSettings = msgspec.field(default_factory=HttpSettings)
+    ratelimit: RateLimitSettings = msgspec.field(default_factory=RateLimitSettings)
     lease: LeaseSettings = msgspec.field(default_factory=LeaseSettings)
     speed: SpeedSettings = msgspec.field(default_factory=SpeedSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)

@@ -1,0 +1,83 @@
+"""Keys never reach the logs: a `logging.Filter` that masks API keys and shared keys in every record
+passing through the app's log handlers (Litestar's and uvicorn's access and error logs).
+
+Keys travel in paths (`/api/v2/sharedkeys/{key}`), in the `apikey` and `Authorization` headers and,
+from careless clients, in query strings. Request, worker and generation ids are UUIDs too and stay
+in the logs (they are how an operator follows a request), so UUIDs are masked only where a key goes.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any
+
+from litestar.logging import LoggingConfig
+from litestar.logging.config import default_handlers
+
+MASK = "***"
+
+_PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
+    # A shared key (a UUID) or any other key in a /sharedkeys/ path, up to the next separator.
+    (re.compile(r"(/sharedkeys/)[^/\s?#\"']+", re.IGNORECASE), rf"\g<1>{MASK}"),
+    # Header or query values: `apikey: K`, `'apikey': 'K'`, `(b'apikey', b'K')`, `apikey=K`,
+    # `Authorization: Bearer K`.
+    (
+        re.compile(
+            r"(\b(?:apikey|api_key|authorization)\b[\"']?\s*(?:[:=,]\s*)b?[\"']?(?:bearer\s+)?)[^\s\"'&,;)]+",
+            re.IGNORECASE,
+        ),
+        rf"\g<1>{MASK}",
+    ),
+)
+
+
+def redact(text: str) -> str:
+    for pattern, replacement in _PATTERNS:
+        text = pattern.sub(replacement, text)
+    return text
+
+
+def _redact_arg(value: Any) -> Any:
+    if value is None or isinstance(value, int | float):
+        return value  # numbers keep their type for %d and %f
+    return redact(value if isinstance(value, str) else str(value))
+
+
+class RedactKeys(logging.Filter):
+    """Masks keys in the message, its arguments, the traceback and the stack of a record. The
+    arguments keep their types and positions (uvicorn's access formatter unpacks them)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redact_arg(a) for a in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {k: _redact_arg(v) for k, v in record.args.items()}
+        if isinstance(record.msg, str) and redact(record.msg) != record.msg:
+            # The key's context is in the template (`apikey: %s`) and the key in an argument:
+            # mask the whole message, which then carries no arguments.
+            record.msg, record.args = redact(record.getMessage()), None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
+            record.exc_text = redact(record.exc_text)
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return True
+
+
+def logging_config(**options: Any) -> LoggingConfig:
+    """Litestar's logging config with `RedactKeys` on every handler, and uvicorn's access and error
+    loggers sent through those handlers too (uvicorn would otherwise print paths with keys itself)."""
+    handlers = {name: {**handler, "filters": ["redact_keys"]} for name, handler in default_handlers.items()}
+    through_app = {"level": "INFO", "handlers": ["queue_listener"], "propagate": False}
+    return LoggingConfig(
+        filters={"redact_keys": {"()": RedactKeys}},
+        handlers=handlers,
+        loggers={
+            "litestar": {"level": "INFO", "handlers": ["queue_listener"], "propagate": False},
+            "uvicorn.access": through_app,
+            "uvicorn.error": through_app,
+        },
+        **options,
+    )

@@ -1,0 +1,121 @@
+"""The OpenAPI 3.1 schema Litestar generates from the typed handlers, and its docs page.
+
+Served at `/api/swagger.json` (the AI Horde's path) and `/schema/openapi.json`; Swagger UI at `/api/`
+and `/schema`. The page's JavaScript and CSS come from the installed `litestar-offline-docs` wheel
+and are served by the app itself, so the docs work on a host with no internet access.
+
+Every operation documents each error status it may answer with its face's error body
+(`HordeErrorBody` on the horde API, `OpenAIErrorBody` on /v1), with the `rc` codes of that status
+from `RC_STATUS`, unless its handler documents that status itself.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import litestar_offline_docs
+from litestar import Request, Response, get
+from litestar._openapi.plugin import OpenAPIPlugin
+from litestar.enums import MediaType
+from litestar.openapi import OpenAPIConfig, ResponseSpec
+from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.plugins import ReceiveRoutePlugin
+from litestar.routes import BaseRoute, HTTPRoute
+from litestar.static_files import create_static_files_router
+
+from horde_lite import __version__
+from horde_lite.api.errors import OPENAI_CODES, RC_STATUS, HordeErrorBody, OpenAIErrorBody
+
+ASSETS_PATH = "/api/docs-assets"
+ASSETS_DIR = Path(litestar_offline_docs.__file__).parent / "static"
+
+SWAGGER = SwaggerRenderPlugin(
+    js_url=f"{ASSETS_PATH}/swagger-ui-bundle.js",
+    css_url=f"{ASSETS_PATH}/swagger-ui.css",
+    standalone_preset_js_url=f"{ASSETS_PATH}/swagger-ui-standalone-preset.js",
+    favicon="",  # Litestar's default favicon is fetched from a CDN
+    path="/",
+)
+
+DESCRIPTION = """A self-hosted broker for crowd-sourced text generation.
+
+* `/api/v2`: the AI Horde's text API. Authenticate with the `apikey` header (the anonymous key is
+  `0000000000`). Errors are `{"message", "rc"}`.
+* `/v1`: an OpenAI-compatible front on the same queue. Authenticate with `Authorization: Bearer KEY`.
+  Errors are `{"error": {"message", "type", "param", "code"}}`.
+
+429 and 503 answers carry `Retry-After`.
+"""
+
+
+def openapi_config() -> OpenAPIConfig:
+    return OpenAPIConfig(
+        title="horde_lite",
+        version=__version__,
+        description=DESCRIPTION,
+        path="/schema",
+        render_plugins=[SWAGGER, JsonRenderPlugin()],
+        components=Components(
+            security_schemes={
+                "apikey": SecurityScheme(type="apiKey", name="apikey", security_scheme_in="header"),
+                "bearer": SecurityScheme(type="http", scheme="bearer"),
+            }
+        ),
+    )
+
+
+def _schema(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    # The same cached dict Litestar's own /schema routes serve.
+    return request.app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
+
+
+@get("/api/swagger.json", include_in_schema=False, sync_to_thread=False)
+def swagger_json(request: Request[Any, Any, Any]) -> Response[dict[str, Any]]:
+    return Response(_schema(request), media_type=MediaType.JSON)
+
+
+@get("/api", include_in_schema=False, sync_to_thread=False, media_type=MediaType.HTML)
+def docs_page(request: Request[Any, Any, Any]) -> bytes:
+    return SWAGGER.render(request, _schema(request))
+
+
+def docs_routes() -> list[Any]:
+    assets = create_static_files_router(path=ASSETS_PATH, directories=[ASSETS_DIR], name="docs_assets")
+    return [swagger_json, docs_page, assets]
+
+
+def _statuses() -> dict[int, list[str]]:
+    by_status: dict[int, list[str]] = defaultdict(list)
+    for rc, status in RC_STATUS.items():
+        if status >= 400 and status != 405:  # 405 is the router's answer, not an operation's
+            by_status[status].append(rc)
+    return dict(sorted(by_status.items()))
+
+
+def error_responses(v1: bool) -> dict[int, ResponseSpec]:
+    """Each error status with the face's body and the codes it may carry."""
+    out: dict[int, ResponseSpec] = {}
+    for status, rcs in _statuses().items():
+        if v1:
+            codes = sorted({OPENAI_CODES[rc][1] for rc in rcs if rc in OPENAI_CODES} or {"see message"})
+            text = "Error; `code` is one of: " + ", ".join(f"`{c}`" for c in codes)
+        else:
+            text = "Error; `rc` is one of: " + ", ".join(f"`{rc}`" for rc in rcs)
+        body = OpenAIErrorBody if v1 else HordeErrorBody
+        out[status] = ResponseSpec(data_container=body, description=text, generate_examples=False)
+    return out
+
+
+class ErrorResponsesPlugin(ReceiveRoutePlugin):
+    """Adds the face's error responses to every operation in the schema as its route is registered."""
+
+    def receive_route(self, route: BaseRoute) -> None:
+        if not isinstance(route, HTTPRoute):
+            return
+        defaults = error_responses(v1=route.path.startswith("/v1"))
+        for handler, _ in route.route_handler_map.values():
+            if handler.resolve_include_in_schema():
+                handler.responses = {**defaults, **(handler.responses or {})}
