@@ -15,6 +15,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -88,6 +89,10 @@ class KudosHold(Base):
     remaining: Mapped[float] = mapped_column(Float)
     active: Mapped[bool] = mapped_column(Boolean, default=True)
     created_at: Mapped[float] = mapped_column(Float)
+    # A request made through a shared key reserves the key's budget with its hold (free requests
+    # too); `reserves_user` says whether the hold also reserves the owner's kudos (funded only).
+    shared_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    reserves_user: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
 
 class Worker(Base):
@@ -95,7 +100,13 @@ class Worker(Base):
     __table_args__ = (Index("ix_workers_online", "last_check_in"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    name: Mapped[str] = mapped_column(String(100), unique=True)
+    name: Mapped[str] = mapped_column(String(100))
+    # The name as compared (lifecycle/workers.py worker_name_key): unique, so two workers can never
+    # share a name up to case, Unicode form or spacing on either database. NULL once deleted.
+    name_key: Mapped[str | None] = mapped_column(String(100), nullable=True, unique=True)
+    info: Mapped[str] = mapped_column(String(1000), default="", server_default="")
+    # Set by DELETE /workers/{id}: the row stays for the history (its generations, counters).
+    deleted_at: Mapped[float | None] = mapped_column(Float, nullable=True)
     owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     # The owner's trusted flag, copied at each check-in and when an operator changes it, so the
     # pop's WHERE clause needs no join for `trusted_workers`.
@@ -174,6 +185,9 @@ class TextRequest(Base):
     n_remaining: Mapped[int] = mapped_column(Integer, default=1)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     failures: Mapped[int] = mapped_column(Integer, default=0)
+    # Ids of the workers whose job of this request lapsed or faulted: never offered it again, and
+    # the request is faulted only when more than `max_failures` distinct workers failed it.
+    failed_workers: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
     initial_priority: Mapped[float] = mapped_column(Float, default=0.0)
     # created - initial_priority / 5 s: sorts like upstream's growing priority, without rewrites.
     effective_start: Mapped[float] = mapped_column(Float)

@@ -86,11 +86,13 @@ def legacy_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
 
 
 def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
-    """The request's own choice of workers: allow-list, deny-list, trusted owners only."""
+    """The request's own choice of workers (allow-list, deny-list, trusted owners only), and its
+    history: a worker whose job of it lapsed or faulted is never offered it again."""
     return and_(
         or_(not_(r.targeted), TextArrayHas(r.worker_allow, w.id)),
         not_(TextArrayHas(r.worker_deny, w.id)),
         or_(not_(r.trusted_workers), w.trusted),
+        not_(TextArrayHas(r.failed_workers, w.id)),
     )
 
 
@@ -207,6 +209,7 @@ class RequestFacts:
     trusted_workers: bool = False
     slow_workers: bool = True
     nsfw: bool = False
+    failed_workers: frozenset[str] = field(default_factory=frozenset)
 
 
 def _serves(w: WorkerFacts, r: RequestFacts) -> bool:
@@ -229,6 +232,7 @@ def _targeting(w: WorkerFacts, r: RequestFacts) -> bool:
         (not r.worker_allow or w.id in r.worker_allow)
         and w.id not in r.worker_deny
         and (not r.trusted_workers or w.trusted)
+        and w.id not in r.failed_workers
     )
 
 

@@ -11,11 +11,23 @@ import msgspec
 CHAT_FEATURES = ("tools", "json_schema", "vision")
 IMAGE_TRANSPORTS = ("url", "base64")
 
-Positive = Annotated[int, msgspec.Meta(gt=0)]
+# Every integer is bounded to its column (a 32-bit INTEGER) or tighter, and every string that is
+# stored to its column, so nothing that passes validation is unstorable (docs/decisions).
+INT32_MAX = 2**31 - 1
+INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Positive = Annotated[int, msgspec.Meta(gt=0, le=INT32_MAX)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
+MAX_CONTEXT = 1_048_576
+Id = Annotated[str, msgspec.Meta(max_length=100)]
+ShortText = Annotated[str, msgspec.Meta(max_length=1000)]
 # Model names are stored in VARCHAR(255) columns (worker_models, request_models).
 ModelName = Annotated[str, msgspec.Meta(max_length=255)]
-# A submitted seed is stored as text in a VARCHAR(64): a 64-bit integer or a short string.
-Seed = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | Annotated[str, msgspec.Meta(max_length=64)]
+# A submitted seed is stored as text in a VARCHAR(64): a 64-bit integer or a short string of
+# printable ASCII (so "²", which str.isdigit() calls a digit, never reaches int()).
+Seed = INT64 | Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[ -~]*$")]
+# A username, optionally "name#id" (ASCII digits; see users.user_id_part).
+Username = Annotated[str, msgspec.Meta(max_length=200)]
 
 
 class _In(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -35,20 +47,23 @@ class PopInput(_In):
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
     models: list[ModelName] = []
     max_length: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
-    max_context_length: Annotated[int, msgspec.Meta(ge=80, le=1_048_576)] = 2048
+    max_context_length: Annotated[int, msgspec.Meta(ge=80, le=MAX_CONTEXT)] = 2048
     threads: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
     amount: Annotated[int, msgspec.Meta(ge=1, le=20)] = 1
-    bridge_agent: str = "unknown:0:unknown"
+    bridge_agent: ShortText = "unknown:0:unknown"
     nsfw: bool = False
-    priority_usernames: list[str] = []
-    softprompts: list[str] = []
+    priority_usernames: list[Username] = []
+    softprompts: list[ShortText] = []
     chat: ChatBlock | None = None
 
 
 class KoboldParams(_In):
-    n: Annotated[int, msgspec.Meta(ge=1, le=20)] = 1
-    max_length: int = 80
-    max_context_length: Annotated[int, msgspec.Meta(ge=80, le=1_048_576)] = 2048
+    """The Kobold params admission reads, bounded to their columns here; admission applies the
+    tighter rules (n up to max_n, max_length 16 up to max_length_limit, context at least 80)."""
+
+    n: Int32 = 1
+    max_length: Int32 = 80
+    max_context_length: Annotated[int, msgspec.Meta(ge=-(2**31), le=MAX_CONTEXT)] = 2048
 
 
 class ChatMessage(_In):
@@ -65,7 +80,7 @@ class ChatOptions(_In, kw_only=True):
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: INT64 | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
     response_format: dict[str, Any] | None = None
@@ -96,15 +111,25 @@ class TextRequestInput(_In):
     webhook: str | None = None
     chat: ChatPayload | None = None
 
+    def __post_init__(self) -> None:
+        # The params admission stores in columns are bounded where they enter; the others travel
+        # to the worker as they are (the body rules keep their integers within 64 bits).
+        fields = KoboldParams.__struct_fields__
+        known = {k: v for k, v in self.params.items() if k in fields and v is not None}
+        try:
+            msgspec.convert(known, KoboldParams)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"params: {e}") from None
+
 
 class SubmitChat(_In):
     message: dict[str, Any]
-    finish_reason: str = "stop"
-    usage: dict[str, int] = {}
+    finish_reason: Annotated[str, msgspec.Meta(max_length=64)] = "stop"
+    usage: dict[Annotated[str, msgspec.Meta(max_length=64)], Count] = {}
 
 
 class SubmitInput(_In):
-    id: str
+    id: Id
     generation: str = ""
     state: Literal["ok", "censored", "faulted", "csam"] = "ok"
     seed: Seed | None = None
@@ -118,29 +143,62 @@ class ProgressDelta(_In):
 
 
 class ProgressInput(_In):
-    id: str
-    seq: Annotated[int, msgspec.Meta(ge=1)]
+    id: Id
+    seq: Positive
     delta: ProgressDelta = msgspec.field(default_factory=ProgressDelta)
-    completion_tokens: Annotated[int, msgspec.Meta(ge=0)] | None = None
+    completion_tokens: Count | None = None
 
 
 class WorkerUpdate(_In):
+    """PUT /workers/{id} (upstream's ModifyWorkerInput): only the fields sent change."""
+
     maintenance: bool | None = None
-    maintenance_msg: str | None = None
+    maintenance_msg: ShortText | None = None
     paused: bool | None = None
+    info: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+    team: Annotated[str, msgspec.Meta(max_length=36)] | None = None  # horde_lite has no teams: "" only
+
+
+# A shared key's budget (-1: unlimited) and lifetime in days (-1: never expires), bounded so that
+# now + expiry days is a finite float and the budget a finite one.
+KeyKudos = Annotated[float, msgspec.Meta(ge=-1, le=1e12)]
+KeyExpiry = Annotated[int, msgspec.Meta(ge=-1, le=36_500)]
 
 
 class SharedKeyInput(_In):
-    kudos: Annotated[float, msgspec.Meta(ge=-1)] = 5000
-    expiry: Annotated[int, msgspec.Meta(ge=-1)] = -1  # days; -1 never
+    kudos: KeyKudos = 5000
+    expiry: KeyExpiry = -1  # days; -1 never
     name: Annotated[str, msgspec.Meta(max_length=255)] = ""
-    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] = -1
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1
 
 
 class SharedKeyPatch(_In):
     """PATCH /sharedkeys/{id}: only the fields sent change."""
 
-    kudos: Annotated[float, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
-    expiry: Annotated[int, msgspec.Meta(ge=-1)] | msgspec.UnsetType = msgspec.UNSET
+    kudos: KeyKudos | msgspec.UnsetType = msgspec.UNSET
+    expiry: KeyExpiry | msgspec.UnsetType = msgspec.UNSET
     name: Annotated[str, msgspec.Meta(max_length=255)] | msgspec.UnsetType = msgspec.UNSET
-    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=2**31 - 1)] | msgspec.UnsetType = msgspec.UNSET
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | msgspec.UnsetType = msgspec.UNSET
+
+
+# --- users and kudos (PUT /users/{id}, POST /kudos/transfer)
+
+# A kudos amount a moderator or a transfer moves: finite and far inside a float's exact range.
+KudosAmount = Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)]
+
+
+class UserUpdate(_In, forbid_unknown_fields=True):
+    """PUT /users/{id} (upstream's ModifyUserInput), the fields horde_lite has; any other of
+    upstream's fields is refused by name rather than dropped."""
+
+    kudos: KudosAmount | None = None  # added to the balance (negative: taken), through the ledger
+    trusted: bool | None = None
+    moderator: bool | None = None
+
+
+class KudosTransferInput(_In):
+    """POST /kudos/transfer: to a user ("name#id") or a shared key; upstream's default amount."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    amount: KudosAmount = 100

@@ -65,12 +65,29 @@ def account_floor(user: User, settings: KudosSettings) -> float:
 
 
 async def active_holds(session: AsyncSession, user_id: int) -> float:
+    """What the user's funded requests still reserve of its kudos."""
     total = await session.execute(
         select(func.coalesce(func.sum(KudosHold.remaining), 0.0)).where(
-            KudosHold.user_id == user_id, KudosHold.active.is_(True)
+            KudosHold.user_id == user_id, KudosHold.active.is_(True), KudosHold.reserves_user.is_(True)
         )
     )
     return float(total.scalar_one())
+
+
+async def shared_key_reserved(session: AsyncSession, key_hash: str) -> float:
+    """What the key's unfinished requests, free and funded, still reserve of its budget."""
+    total = await session.execute(
+        select(func.coalesce(func.sum(KudosHold.remaining), 0.0)).where(
+            KudosHold.shared_key_hash == key_hash, KudosHold.active.is_(True)
+        )
+    )
+    return float(total.scalar_one())
+
+
+async def lock_shared_key(session: AsyncSession, shared: SharedKey) -> None:
+    """Lock the key's row (after the owner's users row: docs/explanation/locking.md) so that
+    concurrent requests through one key read its budget one at a time."""
+    await session.refresh(shared, with_for_update=True)
 
 
 async def spendable(session: AsyncSession, user: User, settings: KudosSettings) -> float:
@@ -78,12 +95,41 @@ async def spendable(session: AsyncSession, user: User, settings: KudosSettings) 
 
 
 async def record(session: AsyncSession, user_id: int, amount: float, kind: str, ref: str, now: float) -> None:
-    """Append a ledger event and move the materialised balance with it, atomically in SQL."""
-    session.add(KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now))
+    """Move the materialised balance, then append its ledger event, atomically in SQL.
+
+    The UPDATE comes first so the users row is locked before the ledger row's foreign key takes
+    its weaker share lock: an insert first, then the update, is a lock upgrade that deadlocks
+    against a creation holding `FOR UPDATE` on the same user (PostgreSQL). Moving several balances
+    in one transaction goes through `record_all`, which takes the rows in ascending id order."""
     await session.execute(update(User).where(User.id == user_id).values(kudos=User.kudos + amount))
+    session.add(KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now))
 
 
-async def place_hold(session: AsyncSession, user_id: int, request_id: str, amount: float, now: float) -> None:
+async def record_all(
+    session: AsyncSession, entries: list[tuple[int, float, str]], ref: str, now: float
+) -> None:
+    """Several (user id, amount, kind) moves in one transaction (a charge, a transfer): the users
+    rows are updated in ascending id order, the ledger rows are inserted after all of them."""
+    for user_id, amount, _kind in sorted(entries, key=lambda e: e[0]):
+        await session.execute(update(User).where(User.id == user_id).values(kudos=User.kudos + amount))
+    session.add_all(
+        KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
+        for user_id, amount, kind in sorted(entries, key=lambda e: e[0])
+    )
+
+
+async def place_hold(
+    session: AsyncSession,
+    user_id: int,
+    request_id: str,
+    amount: float,
+    now: float,
+    *,
+    shared_key_hash: str | None = None,
+    reserves_user: bool = True,
+) -> None:
+    """Reserve `amount` for a request: of the user's kudos (a funded request) and, for a request
+    made through a shared key, of that key's budget (free requests too)."""
     session.add(
         KudosHold(
             key=hold_key(request_id),
@@ -93,6 +139,8 @@ async def place_hold(session: AsyncSession, user_id: int, request_id: str, amoun
             remaining=amount,
             active=True,
             created_at=now,
+            shared_key_hash=shared_key_hash,
+            reserves_user=reserves_user,
         )
     )
 
@@ -125,11 +173,12 @@ async def charge_job(
 ) -> float:
     """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. Returns the charge."""
     charge = round(reward + 1, 2)
-    # Update the two balances in user id order, so two submits paying each other's users in
-    # opposite directions cannot deadlock on PostgreSQL.
-    entries = [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")]
-    for user_id, amount, kind in sorted(entries, key=lambda e: e[0]):
-        await record(session, user_id, amount, kind, generation_id, now)
+    # The lock order of docs/explanation/locking.md: users rows in ascending id (two submits paying
+    # each other's users in opposite directions cannot deadlock), then the shared key, then the
+    # hold; the ledger rows are inserted at the flush, after every lock is held.
+    await record_all(
+        session, [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")], generation_id, now
+    )
     if shared_key_hash is not None:
         await session.execute(
             update(SharedKey)

@@ -35,15 +35,21 @@ async def maybe_finish(session: AsyncSession, request: TextRequest) -> None:
     await kudos.release_hold(session, request.id)
 
 
-async def give_back(session: AsyncSession, horde: Horde, request: TextRequest, *, aborted: bool) -> None:
-    """A lapsed or faulted job returns to its request (n += 1); too many failures fault it."""
+async def give_back(
+    session: AsyncSession, horde: Horde, request: TextRequest, *, aborted: bool, worker_id: str
+) -> None:
+    """A lapsed or faulted job returns to its request (n += 1), and its worker is never offered the
+    request again. The request is faulted only when more than `max_failures` DISTINCT workers failed
+    it: one worker failing over and over cannot fault other people's requests."""
     request.failures += 1
     if aborted:
         request.restarts += 1
+    if worker_id not in (request.failed_workers or []):
+        request.failed_workers = [*(request.failed_workers or []), worker_id]  # a new list: a change
     if request.state != "waiting":
         await maybe_finish(session, request)
         return
-    if request.failures > horde.settings.request.max_failures:
+    if len(request.failed_workers) > horde.settings.request.max_failures:
         request.state = "faulted"
         request.n_remaining = 0
         await maybe_finish(session, request)

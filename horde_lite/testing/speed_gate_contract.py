@@ -170,6 +170,7 @@ def examples(settings: Settings | None = None) -> Any:
             trusted_workers=draw(rare),
             slow_workers=draw(st.sampled_from((True, True, False))),
             nsfw=draw(rare),
+            failed_workers=draw(st.frozensets(ids, max_size=2)) if draw(rare) else frozenset(),
         )
 
     @st.composite
@@ -231,6 +232,8 @@ def seed_examples(settings: Settings | None = None) -> list[Example]:
         Example(workers=(slow, short), requests=queue),
         Example(workers=(slow,), requests=queue),
         Example(workers=(slow_sees, sees, sees_base64), requests=(("r0", vision),)),
+        # The capable worker failed the chat request: it neither takes it nor counts as capable.
+        Example(workers=(slow, capable), requests=(("r0", replace(chat, failed_workers=frozenset({"w1"}))),)),
     ]
 
 
@@ -283,6 +286,7 @@ def _request_row(request_id: str, r: RequestFacts) -> dict[str, Any]:
         "targeted": targeted,
         "worker_allow": sorted(r.worker_allow) if targeted else [],
         "worker_deny": sorted(r.worker_deny),
+        "failed_workers": sorted(r.failed_workers),
         "trusted_workers": r.trusted_workers,
         "slow_workers": r.slow_workers,
         "nsfw": r.nsfw,
