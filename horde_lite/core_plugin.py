@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING
 from litestar.config.app import AppConfig
 from litestar.plugins import CLIPluginProtocol, InitPluginProtocol
 
+from horde_lite.api.body_rules import BodyRules
+from horde_lite.api.db_errors import database_unavailable
 from horde_lite.api.deps import DEPENDENCIES
 from horde_lite.api.errors import EXCEPTION_HANDLERS
 from horde_lite.api.horde import router as horde_router
@@ -23,6 +25,7 @@ from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.lifecycle import lease
 from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.notify import start_listener
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import load_policies
 from horde_lite.settings import Settings
@@ -47,6 +50,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
 
         app_config.route_handlers.extend([horde_router, metrics, *openai_routes])
         app_config.exception_handlers.update(EXCEPTION_HANDLERS)
+        app_config.middleware.append(BodyRules())  # raw-input hygiene before any decoding
         app_config.dependencies.update(DEPENDENCIES)
         app_config.lifespan.append(self._lifespan)
         return app_config
@@ -70,9 +74,12 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         )
         app.state.horde = horde
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
+        listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
         try:
             yield
         finally:
+            if listener is not None:
+                await listener.stop()
             if sweeper is not None:
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
@@ -88,8 +95,11 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             await asyncio.sleep(interval)
             try:
                 await lease.sweep(horde)
-            except Exception:  # keep sweeping; a failed pass is retried next time
-                log.exception("lease sweep failed")
+            except Exception as exc:  # keep sweeping; a failed pass is retried next time
+                if database_unavailable(exc):
+                    log.warning("lease sweep skipped: the database is unavailable (%s)", exc)
+                else:
+                    log.exception("lease sweep failed")
 
     def on_cli_init(self, cli: Group) -> None:
         from horde_lite.cli import register_commands

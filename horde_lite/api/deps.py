@@ -7,7 +7,7 @@ from typing import Any
 
 from litestar import Request
 from litestar.datastructures import State
-from litestar.di import Provide
+from litestar.di import NamedDependency, Provide
 
 from horde_lite.lifecycle.context import Caller, Horde
 
@@ -32,6 +32,11 @@ def provide_caller(request: Request[Any, Any, Any]) -> Caller:
     address = request.client.host if request.client else ""
     return Caller(apikey=apikey_of(request), client_agent=agent, address=address)
 
+
+# What a handler's `horde` and `caller` parameters are annotated with: name-based injection, marked
+# explicitly (Litestar deprecates inferring it from the parameter's name alone).
+HordeDep = NamedDependency[Horde]
+CallerDep = NamedDependency[Caller]
 
 DEPENDENCIES: dict[str, Provide] = {
     "horde": Provide(provide_horde, sync_to_thread=False),

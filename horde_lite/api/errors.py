@@ -5,9 +5,18 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import msgspec
 from litestar import Request, Response
-from litestar.exceptions import HTTPException, NotFoundException, ValidationException
+from litestar.exceptions import (
+    HTTPException,
+    MethodNotAllowedException,
+    NotFoundException,
+    TooManyRequestsException,
+    ValidationException,
+)
+from sqlalchemy.exc import SQLAlchemyError
 
+from horde_lite.api.db_errors import DRIVER_ERRORS, database_unavailable
 from horde_lite.lifecycle.errors import HordeError
 
 log = logging.getLogger("horde_lite.errors")
@@ -15,6 +24,18 @@ log = logging.getLogger("horde_lite.errors")
 # Every rc the lifecycle raises -> its HTTP status (upstream's statuses for upstream's codes).
 RC_STATUS: dict[str, int] = {
     "BadRequest": 400,
+    # Workers, users and kudos transfers (upstream's codes, 400 as upstream's validation errors).
+    "NoWorkerModSelected": 400,
+    "WorkerNameAlreadyExists": 400,
+    "NoValidActions": 400,
+    "KudosTransferFromAnon": 400,
+    "KudosTransferToAnon": 400,
+    "KudosTransferToSelf": 400,
+    "NegativeKudosTransfer": 400,
+    "InvalidKudosTransferAmount": 400,
+    "KudosTransferNotEnough": 400,
+    "InvalidTargetUsername": 400,
+    "TeamNotFound": 404,
     "MissingPrompt": 400,
     "TokenOverflow": 400,
     "ContextLengthExceeded": 400,
@@ -72,6 +93,8 @@ OPENAI_CODES: dict[str, tuple[str, str]] = {
     "SharedKeyExpired": ("authentication_error", "invalid_api_key"),
     "ModelNotFound": ("invalid_request_error", "model_not_found"),
     "TooManyPrompts": ("rate_limit_error", "rate_limit_exceeded"),
+    "RateLimited": ("rate_limit_error", "rate_limit_exceeded"),
+    "DatabaseUnavailable": ("service_unavailable", "database_unavailable"),
     "NoEligibleWorker": ("service_unavailable", "no_eligible_worker"),
     "QueueTimeout": ("service_unavailable", "queue_timeout"),
     "WorkerFailed": ("server_error", "worker_failed"),
@@ -83,6 +106,34 @@ OPENAI_CODES: dict[str, tuple[str, str]] = {
 }
 
 
+# 429/503 answers a client should retry after `Retry-After` (`x-should-retry: true` lets the openai
+# package do so); the others tell it not to resend at once.
+RETRYABLE_RCS = frozenset({"RateLimited", "DatabaseUnavailable"})
+# Seconds a client is told to wait before retrying after a lost database connection.
+DATABASE_RETRY_AFTER = 5
+
+
+class HordeErrorBody(msgspec.Struct, omit_defaults=True):
+    """Every error of the horde API (/api/v2): a message and upstream's `rc` code."""
+
+    message: str
+    rc: str
+    errors: dict[str, str] | None = None
+
+
+class OpenAIErrorDetail(msgspec.Struct):
+    message: str
+    type: str
+    param: str | None
+    code: str
+
+
+class OpenAIErrorBody(msgspec.Struct):
+    """Every error of the OpenAI front (/v1), as the OpenAI API shapes it."""
+
+    error: OpenAIErrorDetail
+
+
 def is_v1(request: Request[Any, Any, Any]) -> bool:
     return request.url.path.startswith("/v1")
 
@@ -91,36 +142,70 @@ def openai_body(status: int, rc: str, message: str, param: str | None = None) ->
     kind, code = OPENAI_CODES.get(rc, ("invalid_request_error" if status < 500 else "server_error", rc))
     if status == 413:
         code = "request_too_large"
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+    return msgspec.to_builtins(OpenAIErrorBody(OpenAIErrorDetail(message, kind, param, code)))
 
 
 def _respond(
-    request: Request[Any, Any, Any], status: int, rc: str, message: str, **extra: Any
+    request: Request[Any, Any, Any],
+    status: int,
+    rc: str,
+    message: str,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
 ) -> Response[Any]:
-    headers: dict[str, str] = {}
+    headers = dict(headers or {})
     if status in (429, 503):
-        headers = {"Retry-After": str(extra.get("retry_after", 30)), "x-should-retry": "false"}
+        headers["Retry-After"] = str(extra.get("retry_after", 30))
+        headers["x-should-retry"] = "true" if rc in RETRYABLE_RCS else "false"
     if is_v1(request):
         return Response(
             openai_body(status, rc, message, extra.get("param")), status_code=status, headers=headers
         )
-    body: dict[str, Any] = {"message": message, "rc": rc}
-    if extra.get("errors"):
-        body["errors"] = extra["errors"]
-    return Response(body, status_code=status, headers=headers)
+    errors = extra.get("errors")
+    body = HordeErrorBody(message, rc, {str(k): str(v) for k, v in errors.items()} if errors else None)
+    return Response(msgspec.to_builtins(body), status_code=status, headers=headers)
 
 
 def horde_error_handler(request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
     return _respond(request, status_of(exc.rc), exc.rc, exc.message, **exc.extra)
 
 
+def field_errors(exc: ValidationException) -> dict[str, str]:
+    """Litestar's validation failures (of `data`, a path or a query parameter) by field path."""
+    errors: dict[str, str] = {}
+    for item in exc.extra if isinstance(exc.extra, list) else []:
+        if isinstance(item, dict) and item.get("key"):
+            key, reason = str(item["key"]), str(item.get("message") or "invalid")
+            if key == "data":  # Litestar's name for the whole body: it is missing or not an object
+                key, reason = "body", "a JSON object is required" if reason == "'data'" else reason
+            errors[key] = reason
+    return errors
+
+
 def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
     if isinstance(exc, ValidationException):
-        return _respond(request, 400, "BadRequest", f"Input payload validation failed: {exc.detail}",
-                        errors={"request": str(exc.extra or exc.detail)})  # fmt: skip
+        errors = field_errors(exc)
+        if not errors:  # not about a field (a body that is not JSON): no `errors`, as upstream
+            return _respond(request, 400, "BadRequest", str(exc.detail))
+        listed = "; ".join(f"{key}: {reason}" for key, reason in errors.items())
+        return _respond(request, 400, "BadRequest", f"Input payload validation failed: {listed}",
+                        errors=errors, param=next(iter(errors)))  # fmt: skip
     if isinstance(exc, NotFoundException):
         return _respond(request, 404, "NotFound", f"No route {request.method} {request.url.path}.")
+    if isinstance(exc, MethodNotAllowedException):
+        # Litestar's router names the route's methods in `allow`; RFC 9110 requires it on a 405.
+        allow = (exc.headers or {}).get("allow", "")
+        return _respond(request, 405, "MethodNotAllowed",
+                        f"{request.method} is not allowed on {request.url.path}; allowed: {allow}.",
+                        headers={"Allow": allow})  # fmt: skip
+    if isinstance(exc, TooManyRequestsException):
+        # Raised by the rate-limit middleware (horde_lite.api.ratelimit), which counts per key and address.
+        limit_headers = dict(exc.headers or {})
+        wait = max(1, int(limit_headers.get("RateLimit-Reset", "60")))
+        return _respond(request, 429, "RateLimited",
+                        f"Too many requests from this key and address; retry after {wait} seconds.",
+                        headers=limit_headers, retry_after=wait)  # fmt: skip
     rc = {405: "MethodNotAllowed", 401: "InvalidAPIKey", 403: "Forbidden", 413: "PayloadTooLarge"}.get(
         status, "HTTPError"
     )
@@ -134,8 +219,20 @@ def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> R
     )
 
 
+def database_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+    """A lost or unreachable database is a 503 the client may retry; any other database error is a bug."""
+    if not database_unavailable(exc):
+        return internal_error_handler(request, exc)
+    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+    message = "The database is unavailable; retry in a few seconds."
+    return _respond(request, 503, "DatabaseUnavailable", message, retry_after=DATABASE_RETRY_AFTER)
+
+
 EXCEPTION_HANDLERS: dict[Any, Any] = {
     HordeError: horde_error_handler,
     HTTPException: http_error_handler,
+    SQLAlchemyError: database_error_handler,
+    # A connection that cannot be opened surfaces unwrapped from the driver (refused, timed out, ...).
+    **dict.fromkeys(DRIVER_ERRORS, database_error_handler),
     Exception: internal_error_handler,
 }

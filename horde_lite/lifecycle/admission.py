@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -14,11 +15,11 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
 from horde_lite.lifecycle import chat as chat_rules
 from horde_lite.lifecycle import kudos
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
-from horde_lite.lifecycle.users import Requester, check_shared_key
+from horde_lite.lifecycle.users import Requester, authenticate, check_shared_key
 from horde_lite.metrics import allowance_attributes, wait_attributes
 from horde_lite.policies.protocols import AllowanceInputs
 
@@ -372,7 +373,15 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     if not spec.requester.user.anonymous:
         # One registered requester's creations serialize: its waiting count and spendable kudos are
         # read, then acted on (two concurrent funded requests must not both spend the same kudos).
+        # Lock order (docs/explanation/locking.md): the users row, then the shared key row.
         await session.refresh(spec.requester.user, with_for_update=True)
+    key_left: float | None = None  # what the shared key's budget has left (None: no key, no limit)
+    if spec.requester.shared_key is not None:
+        shared = spec.requester.shared_key
+        await kudos.lock_shared_key(session, shared)
+        if shared.kudos >= 0:
+            reserved = await kudos.shared_key_reserved(session, shared.key_hash)
+            key_left = shared.kudos - shared.utilized - reserved
     await _too_many(session, horde, spec)
     cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
     row = await _insert(session, horde, spec, now)
@@ -396,7 +405,8 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     requester = spec.requester
     # The anonymous account is shared by everyone without a key: it never holds kudos upfront, or
     # one anonymous caller could spend what the floor leaves for all of them (docs/decisions 0010).
-    over = spec.max_length > allowance
+    # The allowance is per request: all of its n jobs' output counts against it.
+    over = spec.max_length * spec.n > allowance
     free = not over and spec.slow_workers
     # Spendable kudos cost a query: read only when the request is not free.
     can_pay = (
@@ -408,22 +418,22 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     warnings: list[dict[str, str]] = []
     if free:
         outcome = "free"
-    elif can_pay and _shared_key_can_pay(requester, cost):
+    elif can_pay and (key_left is None or key_left >= cost):
         outcome = "funded"
     elif over and spec.allow_downgrade and spec.native_route and not spec.is_chat:
-        outcome = "downgraded"
+        outcome = "downgraded" if _can_split(allowance, spec) else "refused"
     else:
         outcome = "refused"
     if outcome == "refused" and can_pay and requester.shared_key is not None:
         # The owner could pay but the key's budget cannot: say so rather than KudosUpfront.
         if not spec.dry_run:
             _record(horde, spec, "refused", allowance, est)
-        check_shared_key(requester.shared_key, now, spec.max_length, cost)
+        check_shared_key(requester.shared_key, now, spec.max_length, cost, left=key_left)
     if outcome == "refused":
         await _refuse(session, horde, spec, est, allowance, cost, now)
     applied = spec.max_length
     if outcome == "downgraded":
-        applied = allowance
+        applied = allowance // spec.n  # each job's share of the request's allowance
         row.max_length = applied
         row.params = {**row.params, "max_length": applied}
         row.slow_workers = True
@@ -441,13 +451,21 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
             {
                 "code": "Downgraded",
                 "message": f"max_length lowered from {spec.max_length} to the free output allowance "
-                f"of {allowance} tokens.",
+                f"of {allowance} tokens" + (f", {applied} for each of {spec.n} jobs." if spec.n > 1 else "."),
             }
         )
+    if requester.shared_key is not None:
+        # A free request through a key still spends the key's budget when its jobs are charged:
+        # it must fit what is left, and reserves it so concurrent requests cannot overspend.
+        check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
     row.free_allowance = allowance
     row.allowance_outcome = outcome
-    if outcome == "funded":
-        await kudos.place_hold(session, requester.user.id, row.id, cost, now)
+    if outcome == "funded" or requester.shared_key is not None:
+        await kudos.place_hold(
+            session, requester.user.id, row.id, cost, now,
+            shared_key_hash=requester.shared_key.key_hash if requester.shared_key else None,
+            reserves_user=outcome == "funded",
+        )  # fmt: skip
     if not spec.dry_run:
         _record(horde, spec, outcome, allowance, est)
         log.info(
@@ -467,13 +485,6 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     )
 
 
-def _shared_key_can_pay(requester: Requester, cost: float) -> bool:
-    shared = requester.shared_key
-    if shared is None or shared.kudos < 0:
-        return True
-    return shared.kudos - shared.utilized >= cost
-
-
 async def _refuse(
     session: AsyncSession,
     horde: Horde,
@@ -486,16 +497,16 @@ async def _refuse(
     if not spec.dry_run:
         _record(horde, spec, "refused", allowance, est)
     floor = horde.settings.allowance.floor
-    if spec.max_length > floor and est.eligible_workers == 0:
+    if spec.max_length * spec.n > floor and est.eligible_workers == 0:
         gap = await declaration_gap(session, horde, spec, now)
         detail = f": {gap}" if gap else ""
         raise HordeError("NoEligibleWorker", f"No online worker can serve this request{detail}.", gap=gap)
-    if not spec.slow_workers and spec.max_length <= allowance:
+    if not spec.slow_workers and spec.max_length * spec.n <= allowance:
         reason = "requests that disallow slow workers always need kudos upfront"
         advice = "or allow slow workers"
     else:
         reason = (
-            f"the free output allowance for this request is {allowance} tokens and it asks {spec.max_length}"
+            f"the free output allowance for this request is {allowance} tokens and it asks {_asked(spec)}"
         )
         advice = f"or ask for at most {allowance} tokens"
     raise HordeError(
@@ -505,6 +516,17 @@ async def _refuse(
         allowance=allowance,
         kudos=cost,
     )
+
+
+def _can_split(allowance: int, spec: AdmissionSpec) -> bool:
+    """A downgrade gives each of the n jobs allowance // n tokens, at least the minimum of 16."""
+    return allowance // spec.n >= 16
+
+
+def _asked(spec: AdmissionSpec) -> str:
+    """The output a request asks, as the allowance counts it (all of its jobs)."""
+    total = spec.max_length * spec.n
+    return f"{total} ({spec.n} jobs x {spec.max_length})" if spec.n > 1 else str(total)
 
 
 def _record(horde: Horde, spec: AdmissionSpec, outcome: Outcome, allowance: int, est: Estimate) -> None:
@@ -519,3 +541,55 @@ def _record(horde: Horde, spec: AdmissionSpec, outcome: Outcome, allowance: int,
             est.estimated_wait,
             wait_attributes(kind, spec.is_chat),  # type: ignore[arg-type]
         )
+
+
+# --- the entry points ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Decision:
+    """A request as judged (`spec`) and what admission made of it."""
+
+    spec: AdmissionSpec
+    admission: Admission
+
+
+SpecBuilder = Callable[[AsyncSession, Requester], Awaitable[AdmissionSpec]]
+
+
+class _DryRun(Exception):
+    """Raised inside the admission transaction so a dry run keeps nothing."""
+
+    def __init__(self, decision: Decision) -> None:
+        self.decision = decision
+
+
+async def decide(horde: Horde, caller: Caller, build: SpecBuilder) -> Decision:
+    """Authenticate the caller, build the request's spec and admit it, in one transaction (a refusal
+    rolls it back: no row, no hold). A dry run (`spec.dry_run`) is judged exactly like the real
+    request, refusals included, and then rolled back: nothing is kept and nothing is cached. Both
+    routes that create requests (the native route and the chat front) come through here."""
+    try:
+        async with horde.transaction() as session:
+            requester = await authenticate(session, caller.apikey, horde.clock.now())
+            spec = await build(session, requester)
+            decision = Decision(spec=spec, admission=await admit(session, horde, spec))
+            if spec.dry_run:
+                raise _DryRun(decision)
+    except _DryRun as rolled_back:
+        return rolled_back.decision
+    return decision
+
+
+async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> Decision:
+    """POST /generate/text/async: a legacy prompt or a native chat payload (`dry_run`: a quote)."""
+
+    async def build(session: AsyncSession, requester: Requester) -> AdmissionSpec:
+        if body.chat is None:
+            return legacy_spec(requester, body, horde, caller.client_agent)
+        return await chat_spec(
+            session, horde, requester, body.chat, models=body.models, dry_run=body.dry_run, base=body,
+            client_agent=caller.client_agent,
+        )  # fmt: skip
+
+    return await decide(horde, caller, build)

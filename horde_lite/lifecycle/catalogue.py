@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import dataclass
 
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -12,17 +12,41 @@ from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.eligibility import request_offered, worker_online, worker_speed
 
 
-async def text_models(session: AsyncSession, horde: Horde) -> list[dict[str, Any]]:
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    """One served model (upstream's ActiveModel): online workers, their mean speed (tokens/s), the
+    tokens and jobs waiting for it and the seconds those would take at the model's total speed."""
+
+    name: str
+    count: int
+    performance: float
+    queued: int
+    jobs: int
+    eta: int
+
+
+async def model_status(horde: Horde, *, kind: str = "text", name: str | None = None) -> list[ModelStatus]:
+    """GET /status/models (`kind` text or all; horde_lite serves no other) and, with `name`, GET
+    /status/models/{name}: that model's record in a list, empty when no worker serves it."""
+    if kind not in ("text", "all") or (name is not None and (len(name) > 255 or "\x00" in name)):
+        return []  # no such model (and nothing a column could hold)
+    async with horde.transaction() as session:
+        return await text_models(session, horde, name=name)
+
+
+async def text_models(session: AsyncSession, horde: Horde, *, name: str | None = None) -> list[ModelStatus]:
     now = horde.clock.now()
     rules = horde.rules(now)
-    served = (
-        await session.execute(
-            select(WorkerModel.model, func.count(Worker.id), func.sum(worker_speed(Worker, rules)))
-            .join(Worker, Worker.id == WorkerModel.worker_id)
-            .where(worker_online(Worker, rules), Worker.paused.is_(False), Worker.maintenance.is_(False))
-            .group_by(WorkerModel.model)
-        )
-    ).all()
+    query = (
+        select(WorkerModel.model, func.count(Worker.id), func.sum(worker_speed(Worker, rules)))
+        .join(Worker, Worker.id == WorkerModel.worker_id)
+        .where(worker_online(Worker, rules), Worker.paused.is_(False), Worker.maintenance.is_(False))
+        .where(Worker.deleted_at.is_(None))
+        .group_by(WorkerModel.model)
+    )
+    if name is not None:
+        query = query.where(WorkerModel.model == name)
+    served = (await session.execute(query)).all()
     queued = {
         model: (int(tokens or 0), int(jobs or 0))
         for model, tokens, jobs in (
@@ -43,17 +67,16 @@ async def text_models(session: AsyncSession, horde: Horde) -> list[dict[str, Any
         tokens, jobs = queued.get(model, (0, 0))
         speed = float(speed or 0.0)
         out.append(
-            {
-                "name": model,
-                "count": int(count),
-                "performance": round(speed / max(int(count), 1), 2),
-                "queued": tokens,
-                "jobs": jobs,
-                "eta": int(tokens / speed) if speed > 0 else 0,
-                "type": "text",
-            }
+            ModelStatus(
+                name=model,
+                count=int(count),
+                performance=round(speed / max(int(count), 1), 2),
+                queued=tokens,
+                jobs=jobs,
+                eta=int(tokens / speed) if speed > 0 else 0,
+            )
         )
-    return sorted(out, key=lambda m: m["name"])
+    return sorted(out, key=lambda m: m.name)
 
 
 async def chat_models(session: AsyncSession, horde: Horde) -> list[tuple[str, float]]:

@@ -5,26 +5,51 @@ from __future__ import annotations
 
 import logging
 import math
+from dataclasses import dataclass
 
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
 from horde_lite.lifecycle import kudos
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
+from horde_lite.lifecycle.lease import as_lease_holder
 from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
 from horde_lite.lifecycle.workers import record_speed_sample
 
 log = logging.getLogger("horde_lite.completion")
 
 
-def count_tokens(text: str, reported: int | None) -> int:
-    """The completion tokens the worker reports, else ceil(len(text) / 4)."""
-    if reported is not None and reported >= 0:
-        return reported
-    return math.ceil(len(text) / 4)
+# A speed sample counts at least this long a job (a submit milliseconds after its pop measures
+# nothing) and never more than this speed: a worker cannot talk its capacity up (docs/decisions).
+MIN_SAMPLE_SECONDS = 1.0
+MAX_SAMPLE_TOKENS_PER_SECOND = 1000.0
+
+
+def count_tokens(text: str, reported: int | None, allowed: int) -> int:
+    """The completion tokens the worker reports, else ceil(len(text) / 4), never more than the job
+    allowed (its max_length, a chat job's applied max_tokens): a worker's word, or an over-long
+    text, cannot mint kudos or charge the requester beyond what it asked for."""
+    counted = reported if reported is not None and reported >= 0 else math.ceil(len(text) / 4)
+    return max(0, min(counted, allowed))
+
+
+def sample_seconds(tokens: int, elapsed: float) -> float:
+    """The lease time a speed sample divides by: at least MIN_SAMPLE_SECONDS and long enough that
+    the sample stays at or under MAX_SAMPLE_TOKENS_PER_SECOND."""
+    return max(elapsed, MIN_SAMPLE_SECONDS, tokens / MAX_SAMPLE_TOKENS_PER_SECOND)
+
+
+def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
+    """The reported usage with completion_tokens capped to what was counted."""
+    if usage.get("completion_tokens", 0) <= tokens:
+        return usage
+    capped = {**usage, "completion_tokens": tokens}
+    if "total_tokens" in usage:
+        capped["total_tokens"] = usage.get("prompt_tokens", 0) + tokens
+    return capped
 
 
 async def load_generation_for_worker(
@@ -73,7 +98,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
         generation.state = "faulted"
         if not generation.fake:
             worker.faulted_jobs += 1
-            await give_back(session, horde, request, aborted=False)
+            await give_back(session, horde, request, aborted=False, worker_id=worker.id)
             shadow_outcome(horde, generation, worker, request, "faulted")
             horde.notifier.on_commit(session, request.id)
         return 0.0
@@ -84,12 +109,14 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
         content = body.chat.message.get("content")
         if not text and isinstance(content, str):
             text = content
+    # The text is kept as sent (upstream keeps it); only the count is capped.
+    tokens = count_tokens(text, reported, request.max_length)
+    if body.chat is not None:
         generation.chat_result = {
             "message": body.chat.message,
             "finish_reason": body.chat.finish_reason,
-            "usage": body.chat.usage,
+            "usage": _believed_usage(body.chat.usage, tokens),
         }
-    tokens = count_tokens(text, reported)
     generation.state = "censored" if body.state in ("censored", "csam") else "ok"
     generation.text = text
     generation.seed = None if body.seed is None else str(body.seed)
@@ -113,7 +140,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
     worker.completed_jobs += 1
     worker.tokens_generated += tokens
     worker.kudos_earned = round(worker.kudos_earned + reward, 2)
-    record_speed_sample(worker, tokens, now - generation.popped_at, horde.settings)
+    record_speed_sample(worker, tokens, sample_seconds(tokens, now - generation.popped_at), horde.settings)
     shadow_outcome(horde, generation, worker, request, "completed")
     await session.flush()
     await maybe_finish(session, request)
@@ -123,3 +150,16 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
         generation.id, request.id, worker.id, tokens, reward,
     )  # fmt: skip
     return reward
+
+
+@dataclass(frozen=True, slots=True)
+class Submitted:
+    reward: float  # 0 for a fault and for a paused worker's fake job
+
+
+async def submit_job(horde: Horde, caller: Caller, body: SubmitInput) -> Submitted:
+    """POST /generate/text/submit: a lapse of the job first, then the submit, as its lease holder."""
+    reward = await as_lease_holder(
+        horde, caller, body.id, lambda session, user: submit(session, horde, user, body)
+    )
+    return Submitted(reward=reward)

@@ -12,9 +12,10 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses, request_offered
 from horde_lite.lifecycle.inputs import PopInput
+from horde_lite.lifecycle.users import authenticate_user
 from horde_lite.lifecycle.workers import check_in, effective_speed
 from horde_lite.metrics import wait_attributes
 from horde_lite.policies.protocols import Assignment, PopCheck
@@ -129,17 +130,47 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
     return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
 
 
-def job_answer(job: Job) -> dict[str, Any]:
-    """The pop answer for a job (upstream shape; chat jobs add `kind`, `stream` and the messages)."""
-    request = job.request
-    ids = [g.id for g in job.generations]
-    base: dict[str, Any] = {"id": ids[0], "ids": ids, "model": job.model, "ttl": job.ttl, "skipped": {}}
-    if request.is_chat:
-        return {**base, "kind": "chat", "stream": request.stream, "payload": dict(request.chat or {})}
-    payload = {**request.params, "prompt": request.prompt, "n": len(ids)}
-    payload.setdefault("max_length", request.max_length)
-    payload["max_length"] = request.max_length
-    return {**base, "kind": "text", "payload": payload, "softprompt": None}
+@dataclass(frozen=True, slots=True)
+class Offer:
+    """A job as handed to a worker: its generations, lease and what to generate."""
+
+    ids: list[str]  # one generation per job taken
+    model: str
+    ttl: int  # the lease, seconds
+    is_chat: bool
+    stream: bool
+    prompt: str
+    params: dict[str, Any]  # the request's Kobold params (n, max_length, ... as admitted)
+    max_length: int
+    chat: dict[str, Any] | None  # a chat job's worker payload
+
+
+@dataclass(frozen=True, slots=True)
+class Popped:
+    offer: Offer | None  # None: nothing to do now
+    skipped: dict[str, int]  # with no offer: waiting requests this worker is too small for, by reason
+
+
+async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
+    """POST /generate/text/pop: authenticate the worker's owner, check the worker in, claim a job."""
+    async with horde.transaction() as session:
+        owner = await authenticate_user(session, caller.apikey, horde.clock.now())
+        worker, job = await pop(session, horde, owner, body)
+        if job is None:
+            return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
+        request = job.request
+        offer = Offer(
+            ids=[g.id for g in job.generations],
+            model=job.model,
+            ttl=job.ttl,
+            is_chat=request.is_chat,
+            stream=request.stream,
+            prompt=request.prompt,
+            params=dict(request.params or {}),
+            max_length=request.max_length,
+            chat=dict(request.chat) if request.chat is not None else None,
+        )
+        return Popped(offer=offer, skipped={})
 
 
 async def skipped_reasons(session: AsyncSession, horde: Horde, worker: Worker) -> dict[str, int]:

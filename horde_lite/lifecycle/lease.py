@@ -4,16 +4,21 @@ gives it back; the sweep finds lapses and expired requests (behaviour.md §2-3).
 from __future__ import annotations
 
 import logging
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
+from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
 from horde_lite.lifecycle import kudos
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
+from horde_lite.lifecycle.users import authenticate_user
 
 log = logging.getLogger("horde_lite.lease")
+
+T = TypeVar("T")
 
 
 async def lapse(
@@ -24,7 +29,7 @@ async def lapse(
     if generation.fake:
         return
     worker.aborted_jobs += 1
-    await give_back(session, horde, request, aborted=True)
+    await give_back(session, horde, request, aborted=True, worker_id=worker.id)
     shadow_outcome(horde, generation, worker, request, "aborted")
     horde.notifier.on_commit(session, request.id)
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
@@ -96,6 +101,19 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
         horde.notifier.on_commit(session, request_id)
         removed += 1
     return removed
+
+
+async def as_lease_holder(
+    horde: Horde, caller: Caller, generation_id: str, act: Callable[[AsyncSession, User], Awaitable[T]]
+) -> T:
+    """A worker's post about one of its jobs (a submit, a progress post): first honour a lapse of
+    that job's lease, in a transaction of its own so the lapse is kept even though the post is then
+    refused with AbortedGen; then, in a second transaction, authenticate the worker's owner and act."""
+    async with horde.transaction() as session:
+        await lapse_expired(session, horde, horde.clock.now(), generation_id=generation_id)
+    async with horde.transaction() as session:
+        user = await authenticate_user(session, caller.apikey, horde.clock.now())
+        return await act(session, user)
 
 
 async def sweep(horde: Horde) -> tuple[int, int]:

@@ -1,42 +1,73 @@
-"""In-process wake-ups for waiters (the chat front) when a request changes. The database stays the
-source of truth: waiters also poll, so several server processes on one PostgreSQL still work."""
+"""Wake-ups for waiters (the /v1 fronts) when a request changes. A wake-up only says "read the
+request again": the database stays the source of truth.
+
+- In one process: each waiter holds an asyncio.Event, set when the transaction that changed its
+  request commits (`on_commit`), never before (a waiter woken earlier would read the old rows).
+- Across processes on PostgreSQL: the same transaction sends `NOTIFY horde_lite_requests` with
+  `<process token>:<request id>`. PostgreSQL delivers it at commit and drops it on rollback. Each
+  process LISTENs on one asyncpg connection (`PgListener`, started in the app lifespan) and wakes
+  its own waiters; it skips its own notifications, already delivered in process.
+- SQLite has no such channel: processes sharing one file see each other's changes at the waiters'
+  slow poll (`chat.poll_seconds`), which also covers a PostgreSQL listener that is reconnecting.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import uuid
 from collections import defaultdict
+from typing import Any
 
-from sqlalchemy import event
+import asyncpg
+from sqlalchemy import event, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+log = logging.getLogger("horde_lite.notify")
+
+CHANNEL = "horde_lite_requests"
 _PENDING = "horde_lite.notify_on_commit"
+_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
 class Notifier:
     def __init__(self) -> None:
         self._events: dict[str, set[asyncio.Event]] = defaultdict(set)
+        # Marks this process's own NOTIFYs, which its listener then skips.
+        self.token = uuid.uuid4().hex[:16]
+        # Set while a PgListener of this process is listening (tests wait for it).
+        self.listening = asyncio.Event()
 
     def subscribe(self, key: str) -> asyncio.Event:
-        event = asyncio.Event()
-        self._events[key].add(event)
-        return event
+        waiter = asyncio.Event()
+        self._events[key].add(waiter)
+        return waiter
 
-    def unsubscribe(self, key: str, event: asyncio.Event) -> None:
+    def unsubscribe(self, key: str, waiter: asyncio.Event) -> None:
         waiters = self._events.get(key)
         if waiters is not None:
-            waiters.discard(event)
+            waiters.discard(waiter)
             if not waiters:
                 del self._events[key]
 
     def on_commit(self, session: AsyncSession, key: str) -> None:
-        """Wake `key`'s waiters when this session's transaction commits, not before: a waiter woken
-        earlier would read the rows as they were and sleep again."""
+        """Wake `key`'s waiters, here and in every process, when this session's transaction commits."""
         pending: set[str] = session.info.setdefault(_PENDING, set())
         if not pending:
-            event.listen(session.sync_session, "after_commit", self._flush, once=True)
-            event.listen(session.sync_session, "after_rollback", self._drop, once=True)
+            sync = session.sync_session
+            event.listen(sync, "after_commit", self._flush, once=True)
+            event.listen(sync, "after_rollback", self._drop, once=True)
+            if sync.get_bind().dialect.name == "postgresql":
+                event.listen(sync, "before_commit", self._publish, once=True)
         pending.add(key)
+
+    def _publish(self, session: Session) -> None:
+        # Inside the committing transaction: delivered to the listeners only if it commits.
+        for key in sorted(session.info.get(_PENDING, ())):
+            session.execute(_NOTIFY, {"channel": CHANNEL, "payload": f"{self.token}:{key}"})
 
     def _flush(self, session: Session) -> None:
         for key in session.info.pop(_PENDING, set()):
@@ -46,15 +77,79 @@ class Notifier:
         session.info.pop(_PENDING, None)
 
     def notify(self, key: str) -> None:
+        """Wake `key`'s waiters in this process."""
         for waiter in self._events.get(key, ()):
             waiter.set()
 
-    async def wait(self, key: str, seconds: float) -> None:
-        """Return when `key` is notified or after `seconds`, whichever comes first."""
-        waiter = self.subscribe(key)
+    def notify_all(self) -> None:
+        """Wake every waiter (the listener reconnected: it may have missed notifications)."""
+        for waiters in self._events.values():
+            for waiter in waiters:
+                waiter.set()
+
+    def received(self, payload: str) -> None:
+        """A notification from the database: wake its request's waiters unless it is our own."""
+        token, _, key = payload.partition(":")
+        if token != self.token and key:
+            self.notify(key)
+
+
+class PgListener:
+    """This process's one LISTEN connection. It reconnects after a failure (waking every waiter,
+    which may have missed a notification meanwhile) and checks the connection while idle."""
+
+    def __init__(self, notifier: Notifier, url: str, *, check_seconds: float = 30.0) -> None:
+        self.notifier = notifier
+        self.connect_args: dict[str, Any] = make_url(url).translate_connect_args(username="user")
+        self.check_seconds = check_seconds
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="horde_lite-listen")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        self.notifier.received(payload)
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                await self._listen_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # the slow poll covers the gap; try again shortly
+                log.warning("LISTEN connection failed, retrying in 5 s: %s", e)
+            await asyncio.sleep(5)
+
+    async def _listen_once(self) -> None:
+        conn: asyncpg.Connection = await asyncpg.connect(**self.connect_args)
+        lost = asyncio.Event()
         try:
-            await asyncio.wait_for(waiter.wait(), seconds)
-        except TimeoutError:
-            pass
+            conn.add_termination_listener(lambda _c: lost.set())
+            await conn.add_listener(CHANNEL, self._on_notification)
+            self.notifier.listening.set()
+            self.notifier.notify_all()
+            while not lost.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(lost.wait(), self.check_seconds)
+                if not lost.is_set():
+                    await conn.execute("SELECT 1")  # raises on a dead connection
         finally:
-            self.unsubscribe(key, waiter)
+            self.notifier.listening.clear()
+            with contextlib.suppress(Exception):
+                await asyncio.shield(conn.close(timeout=2))
+
+
+def start_listener(notifier: Notifier, url: str) -> PgListener | None:
+    """Start the cross-process listener for a PostgreSQL database (None on SQLite)."""
+    if not make_url(url).get_backend_name().startswith("postgresql"):
+        return None
+    listener = PgListener(notifier, url)
+    listener.start()
+    return listener

@@ -1,4 +1,4 @@
-"""Progress posts from streaming chat jobs (behaviour.md §3, api.md "Chat jobs on the worker side").
+"""Progress posts from streaming chat jobs (docs/reference/chat_requests.md, the worker side).
 
 A worker running a streaming chat job posts its output as it comes: `{id, seq, delta, completion_tokens?}`.
 Only the lease holder may post; `seq` counts from 1 and must be the last accepted one plus 1. A repeat
@@ -14,35 +14,24 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from datetime import UTC, datetime
-from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import User
 from horde_lite.lifecycle.completion import load_generation_for_worker, require_live
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ProgressInput
-from horde_lite.lifecycle.lease import lapse_expired
-from horde_lite.lifecycle.users import authenticate_user
-
-
-def iso_utc(epoch: float) -> str:
-    """ISO 8601 in UTC with a `Z`, e.g. 2025-01-31T12:00:00.250000Z."""
-    return datetime.fromtimestamp(epoch, UTC).isoformat().replace("+00:00", "Z")
+from horde_lite.lifecycle.lease import as_lease_holder
 
 
 @dataclass(frozen=True, slots=True)
 class ProgressAnswer:
     request_id: str
-    lease_expires_at: float
-    cancel: bool
+    lease_expires_at: float  # epoch seconds
+    cancel: bool  # the client went away or the request was cancelled: stop
     accepted: bool  # False for an acknowledged repeat
     fake: bool
-
-    def wire(self) -> dict[str, Any]:
-        return {"lease_expires_at": iso_utc(self.lease_expires_at), "cancel": self.cancel}
 
 
 async def record(session: AsyncSession, horde: Horde, user: User, body: ProgressInput) -> ProgressAnswer:
@@ -86,17 +75,14 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
         max(generation.lease_expires_at, now + lease.progress_extension_seconds), ceiling
     )
     await session.flush()
+    if not generation.fake:  # wake the waiting front (in every process) once this commits
+        horde.notifier.on_commit(session, request.id)
     return ProgressAnswer(request.id, generation.lease_expires_at, cancel, True, generation.fake)
 
 
-async def post(horde: Horde, apikey: str | None, body: ProgressInput) -> dict[str, Any]:
-    """POST /generate/text/progress: two short transactions, then wake the waiting front."""
-    async with horde.sessionmaker() as session, session.begin():
-        # A lapse found here is kept even though the post is then refused with AbortedGen.
-        await lapse_expired(session, horde, horde.clock.now(), generation_id=body.id)
-    async with horde.sessionmaker() as session, session.begin():
-        user = await authenticate_user(session, apikey, horde.clock.now())
-        answer = await record(session, horde, user, body)
-    if answer.accepted and not answer.fake:
-        horde.notifier.notify(answer.request_id)  # after the commit, so the waiter reads the delta
-    return answer.wire()
+async def post(horde: Horde, caller: Caller, body: ProgressInput) -> ProgressAnswer:
+    """POST /generate/text/progress: a lapse of the job first, then the post as its lease holder,
+    then wake the waiting front."""
+    return await as_lease_holder(
+        horde, caller, body.id, lambda session, user: record(session, horde, user, body)
+    )

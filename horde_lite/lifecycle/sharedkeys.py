@@ -1,32 +1,31 @@
 """Shared keys: a user lends its kudos to others through a key with its own budget, expiry and
-token cap. The key (a UUID) is its public id, as upstream; only its hash is stored."""
+token cap. The key (a UUID) is its public id, as upstream; only its hash is stored. The owner also
+knows each key by that hash (`sharedkey_ids` in its own user record), which every route here takes in
+place of the key, so a lost key can still be changed or deleted by its owner."""
 
 from __future__ import annotations
 
-from typing import Any
+import re
+from dataclasses import dataclass
 
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import SharedKey, User
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SharedKeyInput, SharedKeyPatch
-from horde_lite.lifecycle.users import display_name, hash_key, new_shared_key
+from horde_lite.lifecycle.users import authenticate_user, display_name, hash_key, new_shared_key
 
 DAY = 86400.0
+_HASH = re.compile(r"[0-9a-f]{64}")
 
 
-def _view(shared: SharedKey, owner: User, key: str) -> dict[str, Any]:
-    return {
-        "id": key,
-        "username": display_name(owner),
-        "name": shared.name,
-        "kudos": shared.kudos,
-        "utilized": round(shared.utilized, 2),
-        "expiry": shared.expiry,
-        "max_text_tokens": shared.max_text_tokens,
-    }
+@dataclass(frozen=True, slots=True)
+class SharedKeyRecord:
+    key: SharedKey
+    id: str  # the key itself when the caller gave it, else its hash
+    owner: str  # "name#id"
 
 
 def _apply(shared: SharedKey, body: SharedKeyInput | SharedKeyPatch, now: float) -> None:
@@ -41,44 +40,54 @@ def _apply(shared: SharedKey, body: SharedKeyInput | SharedKeyPatch, now: float)
         shared.expiry = None if body.expiry < 0 else now + body.expiry * DAY
 
 
-async def create(session: AsyncSession, horde: Horde, owner: User, body: SharedKeyInput) -> dict[str, Any]:
-    if owner.anonymous:
-        raise HordeError("AnonForbidden", "The anonymous user cannot make shared keys.")
-    key = new_shared_key()
+async def create(horde: Horde, caller: Caller, body: SharedKeyInput) -> SharedKeyRecord:
     now = horde.clock.now()
-    shared = SharedKey(key_hash=hash_key(key), user_id=owner.id, created_at=now, utilized=0.0)
-    _apply(shared, body, now)
-    session.add(shared)
-    await session.flush()
-    return _view(shared, owner, key)
+    async with horde.transaction() as session:
+        owner = await authenticate_user(session, caller.apikey, now)
+        if owner.anonymous:
+            raise HordeError("AnonForbidden", "The anonymous user cannot make shared keys.")
+        key = new_shared_key()
+        shared = SharedKey(key_hash=hash_key(key), user_id=owner.id, created_at=now, utilized=0.0)
+        _apply(shared, body, now)
+        session.add(shared)
+        await session.flush()
+        return SharedKeyRecord(shared, key, display_name(owner))
 
 
-async def _load(session: AsyncSession, key: str) -> SharedKey:
-    shared = await session.get(SharedKey, hash_key(key))
+async def _load(session: AsyncSession, key: str) -> SharedKeyRecord:
+    """A shared key by the key itself or by its hash."""
+    digest = key if _HASH.fullmatch(key) else hash_key(key)
+    shared = await session.get(SharedKey, digest)
     if shared is None:
         raise HordeError("SharedKeyNotFound", "No shared key with that id.")
-    return shared
-
-
-async def show(session: AsyncSession, key: str) -> dict[str, Any]:
-    shared = await _load(session, key)
     owner = await session.get(User, shared.user_id)
     assert owner is not None
-    return _view(shared, owner, key)
+    return SharedKeyRecord(shared, key, display_name(owner))
 
 
-async def change(
-    session: AsyncSession, horde: Horde, owner: User, key: str, body: SharedKeyPatch
-) -> dict[str, Any]:
-    shared = await _load(session, key)
-    if shared.user_id != owner.id:
+async def _owned(session: AsyncSession, caller: Caller, key: str, now: float) -> SharedKeyRecord:
+    owner = await authenticate_user(session, caller.apikey, now)
+    found = await _load(session, key)
+    if found.key.user_id != owner.id:
         raise HordeError("WrongCredentials", "This shared key belongs to another user.")
-    _apply(shared, body, horde.clock.now())
-    return _view(shared, owner, key)
+    return found
 
 
-async def remove(session: AsyncSession, owner: User, key: str) -> None:
-    shared = await _load(session, key)
-    if shared.user_id != owner.id:
-        raise HordeError("WrongCredentials", "This shared key belongs to another user.")
-    await session.delete(shared)
+async def show(horde: Horde, key: str) -> SharedKeyRecord:
+    async with horde.transaction() as session:
+        return await _load(session, key)
+
+
+async def change(horde: Horde, caller: Caller, key: str, body: SharedKeyPatch) -> SharedKeyRecord:
+    now = horde.clock.now()
+    async with horde.transaction() as session:
+        found = await _owned(session, caller, key, now)
+        _apply(found.key, body, now)
+        await session.flush()
+        return found
+
+
+async def remove(horde: Horde, caller: Caller, key: str) -> None:
+    async with horde.transaction() as session:
+        found = await _owned(session, caller, key, horde.clock.now())
+        await session.delete(found.key)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import and_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
@@ -27,56 +28,110 @@ async def get_request(session: AsyncSession, request_id: str, *, lock: bool = Fa
     return request
 
 
-async def status(session: AsyncSession, horde: Horde, request_id: str) -> dict[str, Any]:
+@dataclass(frozen=True, slots=True)
+class FinishedGeneration:
+    id: str
+    text: str
+    model: str
+    state: str  # one of FINISHED
+    worker_id: str
+    worker_name: str
+    seed: str | None  # as the worker sent it (stored as text)
+    gen_metadata: list[dict[str, Any]] | None
+    chat_result: dict[str, Any] | None  # a chat job's message, finish_reason and usage
+
+
+def seed_value(seed: str) -> int | str:
+    """A stored seed as the wire shows it: an integer when it is one (ASCII digits, one optional
+    leading minus, within 64 bits), else the text; "²" and "--5" stay text, never an int() error."""
+    digits = seed[1:] if seed.startswith("-") else seed
+    if digits.isascii() and digits.isdigit() and -(2**63) <= int(seed) <= 2**63 - 1:
+        return int(seed)
+    return seed
+
+
+@dataclass(frozen=True, slots=True)
+class RequestStatus:
+    finished: int
+    processing: int
+    restarted: int
+    waiting: int
+    done: bool
+    faulted: bool
+    wait_time: int
+    queue_position: int
+    kudos: float
+    is_possible: bool
+    generations: list[FinishedGeneration]  # finished ones only, in submit order
+
+
+async def read(horde: Horde, request_id: str) -> RequestStatus:
+    """GET /generate/text/status/{id} (no key needed)."""
+    async with horde.transaction() as session:
+        return await status(session, horde, request_id)
+
+
+async def cancel_and_read(horde: Horde, request_id: str) -> RequestStatus:
+    """DELETE /generate/text/status/{id} (no key needed): cancel, then the status."""
+    async with horde.transaction() as session:
+        await cancel(session, horde, request_id)
+        return await status(session, horde, request_id)
+
+
+async def status(session: AsyncSession, horde: Horde, request_id: str) -> RequestStatus:
     now = horde.clock.now()
     request = await get_request(session, request_id)
     # Lapses are honoured by this read even between two sweeps.
     if await lapse_expired(session, horde, now, request_id):
         await session.refresh(request)
+    # The request's counters and its jobs in ONE statement, so they come from one snapshot: under
+    # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
+    # halves (its generation without its lowered n_remaining, or the reverse).
     rows = (
         await session.execute(
-            select(Generation, Worker.name)
-            .join(Worker, Worker.id == Generation.worker_id)
-            .where(Generation.request_id == request_id, Generation.fake.is_(False))
+            select(TextRequest.state, TextRequest.n_remaining, Generation, Worker.name)
+            .select_from(TextRequest)
+            .outerjoin(Generation, and_(Generation.request_id == TextRequest.id, Generation.fake.is_(False)))
+            .outerjoin(Worker, Worker.id == Generation.worker_id)
+            .where(TextRequest.id == request_id)
             .order_by(Generation.submitted_at)
         )
     ).all()
-    finished = [(g, name) for g, name in rows if g.state in FINISHED]
-    processing = sum(1 for g, _ in rows if g.state == "processing")
-    waiting = request.n_remaining if request.state == "waiting" else 0
+    if not rows:  # removed since it was read (expired)
+        raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
+    state, n_remaining = rows[0][0], rows[0][1]
+    jobs = [(g, name) for _, _, g, name in rows if g is not None]
+    finished = [(g, name) for g, name in jobs if g.state in FINISHED]
+    processing = sum(1 for g, _ in jobs if g.state == "processing")
+    waiting = n_remaining if state == "waiting" else 0
     est = await estimate(session, request_id, horde.rules(now)) if waiting else None
-    faulted = request.state == "faulted"
-    done = processing == 0 and waiting == 0 and request.state in ("done", "cancelled")
-    return {
-        "finished": len(finished),
-        "processing": processing,
-        "restarted": request.restarts,
-        "waiting": waiting,
-        "done": done,
-        "faulted": faulted,
-        "wait_time": est.wait_time if est else 0,
-        "queue_position": (1 + est.competing_requests) if est else 0,
-        "kudos": round(request.kudos_spent, 2),
-        "is_possible": processing > 0 or waiting == 0 or (est is not None and est.eligible_workers > 0),
-        "generations": [_generation_view(g, name) for g, name in finished],
-    }
+    return RequestStatus(
+        finished=len(finished),
+        processing=processing,
+        restarted=request.restarts,
+        waiting=waiting,
+        done=processing == 0 and waiting == 0 and state in ("done", "cancelled"),
+        faulted=state == "faulted",
+        wait_time=est.wait_time if est else 0,
+        queue_position=(1 + est.competing_requests) if est else 0,
+        kudos=round(request.kudos_spent, 2),
+        is_possible=processing > 0 or waiting == 0 or (est is not None and est.eligible_workers > 0),
+        generations=[_finished(g, name) for g, name in finished],
+    )
 
 
-def _generation_view(g: Generation, worker_name: str) -> dict[str, Any]:
-    view: dict[str, Any] = {
-        "text": g.text or "",
-        "model": g.model,
-        "state": g.state,
-        "worker_id": g.worker_id,
-        "worker_name": worker_name,
-    }
-    if g.seed is not None:
-        view["seed"] = int(g.seed) if g.seed.lstrip("-").isdigit() else g.seed
-    if g.gen_metadata:
-        view["gen_metadata"] = g.gen_metadata
-    if g.chat_result:  # a chat job: the submitted message (tool calls included), finish_reason, usage
-        view["chat"] = g.chat_result
-    return view
+def _finished(g: Generation, worker_name: str) -> FinishedGeneration:
+    return FinishedGeneration(
+        id=g.id,
+        text=g.text or "",
+        model=g.model,
+        state=g.state,
+        worker_id=g.worker_id,
+        worker_name=worker_name,
+        seed=g.seed,
+        gen_metadata=g.gen_metadata or None,
+        chat_result=dict(g.chat_result) if g.chat_result else None,
+    )
 
 
 async def cancel(session: AsyncSession, horde: Horde, request_id: str) -> None:

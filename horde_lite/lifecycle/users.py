@@ -7,7 +7,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import func, select, update
+from sqlalchemy import select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -27,8 +27,17 @@ def new_api_key() -> str:
     return secrets.token_urlsafe(16)
 
 
+# The anonymous user's id as clients see it: upstream's `Anonymous#0`, which KoboldAI Lite
+# special-cases. Its row has an ordinary autoincrement id that is never shown.
+ANONYMOUS_PUBLIC_ID = 0
+
+
+def public_id(user: User) -> int:
+    return ANONYMOUS_PUBLIC_ID if user.anonymous else user.id
+
+
 def display_name(user: User) -> str:
-    return f"{user.username}#{user.id}"
+    return f"{user.username}#{public_id(user)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,12 +94,22 @@ async def create_user(
     return user, key
 
 
+def user_id_part(uid: str) -> int | None:
+    """The id of a "name#id": ASCII digits only (str.isdigit() alone accepts "²", which int()
+    refuses), at most the id column's range; None when it is not an id."""
+    if not (uid.isascii() and uid.isdigit()):
+        return None
+    return min(int(uid), 2**31 - 1)  # beyond the column: no such user
+
+
 async def find_by_name(session: AsyncSession, username: str) -> User:
     name, _, uid = username.partition("#")
     # "name#id" must name the user with that id; a bare name is looked up by name.
     query = select(User).where(User.username == name)
-    if uid.isdigit():
-        query = query.where(User.id == min(int(uid), 2**31 - 1))  # beyond the column: no such user
+    if (user_id := user_id_part(uid)) == ANONYMOUS_PUBLIC_ID:
+        query = query.where(User.anonymous.is_(True))
+    elif user_id is not None:
+        query = query.where(User.id == user_id, User.anonymous.is_(False))
     user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
         raise HordeError("UserNotFound", f"No user named {username!r}.")
@@ -123,8 +142,12 @@ async def authenticate_user(session: AsyncSession, apikey: str | None, now: floa
     return requester.user
 
 
-def check_shared_key(shared: SharedKey, now: float, max_length: int, cost: float) -> None:
-    """The shared key's own limits: expiry, token cap and kudos budget."""
+def check_shared_key(
+    shared: SharedKey, now: float, max_length: int, cost: float, *, left: float | None = None
+) -> None:
+    """The shared key's own limits: expiry, token cap and kudos budget. `left` is what the budget
+    has left after what the key's unfinished requests reserve (admission reads it under the key's
+    row lock); without it, the budget less what was already charged."""
     if shared.expiry is not None and shared.expiry <= now:
         raise HordeError("SharedKeyExpired", "This shared key has expired.")
     if shared.kudos >= 0 and shared.utilized >= shared.kudos:
@@ -135,11 +158,12 @@ def check_shared_key(shared: SharedKey, now: float, max_length: int, cost: float
             f"This shared key allows at most {shared.max_text_tokens} tokens per request; "
             f"this request asks {max_length}.",
         )
-    if shared.kudos >= 0 and cost > shared.kudos - shared.utilized:
+    remaining = shared.kudos - shared.utilized if left is None else left
+    if shared.kudos >= 0 and cost > remaining:
         raise HordeError(
             "SharedKeyInsufficientKudos",
-            f"This shared key has {shared.kudos - shared.utilized:.2f} kudos left; "
-            f"this request needs {cost:.2f}.",
+            f"This shared key has {max(remaining, 0.0):.2f} kudos left (its budget less what it spent "
+            f"and what its unfinished requests reserve); this request needs {cost:.2f}.",
         )
 
 
@@ -154,12 +178,6 @@ async def set_flags(
         user.trusted = trusted
         await session.execute(update(Worker).where(Worker.owner_id == user.id).values(trusted=trusted))
     await session.flush()
-
-
-async def worker_count(session: AsyncSession, user_id: int) -> int:
-    return (
-        await session.execute(select(func.count(Worker.id)).where(Worker.owner_id == user_id))
-    ).scalar_one()
 
 
 def new_shared_key() -> str:

@@ -1,18 +1,51 @@
-"""Workers: check-in (every pop), measured lease speed and capacity, maintenance and pause."""
+"""Workers: check-in (every pop), names, measured lease speed and capacity, the public records,
+maintenance, pause, info, rename and deletion."""
 
 from __future__ import annotations
 
 import math
+import re
+import unicodedata
 import uuid
+from dataclasses import dataclass
 
 from sqlalchemy import delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import User, Worker, WorkerModel
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
+from horde_lite.lifecycle.users import authenticate_user, user_id_part
 from horde_lite.settings import Settings
+
+# What a new worker name may hold, after Unicode NFKC normalization (which maps full-width and other
+# compatibility forms onto ASCII): ASCII only, so no homoglyph from another script (Cyrillic U+0430 for
+# Latin 'a') can pass as an existing name.
+_NAME_CHARS = re.compile(r"[A-Za-z0-9 _.()\[\]'-]+")
+NAME_RULE = "ASCII letters, digits, spaces and - _ . ( ) [ ] '"
+
+
+def _spaced(name: str) -> str:
+    """NFKC, trimmed, inner whitespace runs as one space: the form a name is stored and shown in."""
+    return " ".join(unicodedata.normalize("NFKC", name).split())
+
+
+def worker_name_key(name: str) -> str:
+    """What two worker names are compared by: the stored form, case-folded. Names that differ only
+    by case, Unicode form or spacing have one key; `workers.name_key` is unique."""
+    return unicodedata.normalize("NFKC", _spaced(name).casefold())[:100]
+
+
+def clean_worker_name(name: str) -> str:
+    """A new name (first pop, rename) as stored, or BadRequest if it breaks the name rule."""
+    spaced = _spaced(name)
+    if not 1 <= len(spaced) <= 100:
+        raise HordeError("BadRequest", "A worker name must be 1 to 100 characters after trimming.")
+    if not _NAME_CHARS.fullmatch(spaced):
+        raise HordeError("BadRequest", f"A worker name may use only {NAME_RULE}; {name!r} does not.")
+    return spaced
 
 
 def effective_speed(lease_speed: float | None, settings: Settings) -> float:
@@ -41,9 +74,10 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
     wanted: list[tuple[str, int | None]] = []
     for name in names[:50]:
         base, _, uid = name.partition("#")
-        if uid.isdigit() and int(uid) >= 2**31:
+        user_id = user_id_part(uid)
+        if user_id is not None and user_id >= 2**31 - 1:
             continue  # no such user (and beyond the id column's range)
-        wanted.append((base, int(uid) if uid.isdigit() else None))
+        wanted.append((base, user_id))
     if not wanted:
         return []
     rows = await session.execute(
@@ -66,14 +100,17 @@ async def check_in(
     if owner.anonymous:
         raise HordeError("AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
-    # so their model lists never race.
-    by_name = select(Worker).where(Worker.name == body.name).with_for_update()
+    # so their model lists never race. A worker is found by its name's key, so "Bob", "bob " and
+    # full-width "Bob" are one worker; a name no worker holds yet must pass the name rule.
+    key = worker_name_key(body.name)
+    by_name = select(Worker).where(Worker.name_key == key).with_for_update()
     worker = (await session.execute(by_name)).scalar_one_or_none()
     if worker is None:
+        name = clean_worker_name(body.name)
         try:
             async with session.begin_nested():
                 worker = Worker(
-                    id=str(uuid.uuid4()), name=body.name, owner_id=owner.id, created_at=now,
+                    id=str(uuid.uuid4()), name=name, name_key=key, owner_id=owner.id, created_at=now,
                     last_check_in=now, speed_samples=[],
                 )  # fmt: skip
                 session.add(worker)
@@ -106,73 +143,163 @@ async def check_in(
     return worker
 
 
-async def get_worker(session: AsyncSession, worker_id: str) -> Worker:
-    worker = await session.get(Worker, worker_id)
-    if worker is None:
-        raise HordeError("WorkerNotFound", f"No worker with id {worker_id}.")
+@dataclass(frozen=True, slots=True)
+class WorkerRecord:
+    """A worker's public record: its row and what is derived from it at read time."""
+
+    worker: Worker
+    online: bool
+    speed: float  # the measured lease speed, or the assumed one while unmeasured
+    assumed_speed: float
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerChange:
+    """What PUT /workers/{id} changed: only the fields it set are not None (upstream's answer)."""
+
+    maintenance: bool | None = None
+    paused: bool | None = None
+    info: str | None = None
+    name: str | None = None
+    team: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedWorker:
+    id: str
+    name: str
+
+
+def _record(worker: Worker, settings: Settings, now: float) -> WorkerRecord:
+    return WorkerRecord(
+        worker=worker,
+        online=worker.last_check_in >= now - settings.worker.online_seconds,
+        speed=effective_speed(worker.lease_speed, settings),
+        assumed_speed=settings.speed.assumed_tokens_per_second,
+    )
+
+
+async def _live_worker(session: AsyncSession, worker_id: str, *, lock: bool = False) -> Worker:
+    """A worker that has not been deleted, by id (anything that is not an id finds nothing)."""
+    worker = None
+    if len(worker_id) <= 36 and "\x00" not in worker_id:
+        worker = await session.get(Worker, worker_id, with_for_update=lock or None)
+    if worker is None or worker.deleted_at is not None:
+        raise HordeError("WorkerNotFound", f"No worker with id {worker_id[:64]!r}.")
     return worker
 
 
-async def update_worker(session: AsyncSession, actor: User, worker_id: str, body: WorkerUpdate) -> Worker:
-    """Maintenance: the owner or a moderator. Paused: moderators only."""
-    worker = await get_worker(session, worker_id)
-    is_owner = worker.owner_id == actor.id
-    if body.maintenance is not None or body.maintenance_msg is not None:
-        if not (is_owner or actor.moderator):
-            raise HordeError(
-                "WrongCredentials", "Only the worker's owner or a moderator can set maintenance."
-            )
+async def list_workers(
+    horde: Horde, *, name: str | None = None, kind: str | None = None
+) -> list[WorkerRecord]:
+    """The online workers (GET /workers), optionally one name (compared by its key) or one type."""
+    if kind not in (None, "text", "all"):
+        return []  # horde_lite serves text only
+    now = horde.clock.now()
+    query = select(Worker).where(Worker.last_check_in >= now - horde.settings.worker.online_seconds)
+    query = query.where(Worker.deleted_at.is_(None))
+    if name is not None:
+        query = query.where(Worker.name_key == worker_name_key(name))
+    async with horde.transaction() as session:
+        rows = (await session.execute(query.order_by(Worker.name))).scalars().all()
+    return [_record(w, horde.settings, now) for w in rows]
+
+
+async def worker_by_id(horde: Horde, worker_id: str) -> WorkerRecord:
+    """One worker, online or not (GET /workers/{id})."""
+    async with horde.transaction() as session:
+        worker = await _live_worker(session, worker_id)
+    return _record(worker, horde.settings, horde.clock.now())
+
+
+async def worker_by_name(horde: Horde, name: str) -> WorkerRecord:
+    """One worker by name, compared by its key (GET /workers/name/{name})."""
+    async with horde.transaction() as session:
+        query = select(Worker).where(Worker.name_key == worker_name_key(name))
+        worker = (await session.execute(query)).scalar_one_or_none()
+    if worker is None:
+        raise HordeError("WorkerNotFound", f"No worker named {name[:100]!r}.")
+    return _record(worker, horde.settings, horde.clock.now())
+
+
+def _owner_or_moderator(actor: User, worker: Worker, what: str) -> None:
+    if worker.owner_id != actor.id and not actor.moderator:
+        raise HordeError("WrongCredentials", f"Only the worker's owner or a moderator can {what}.")
+
+
+async def _acting_user(session: AsyncSession, caller: Caller, now: float) -> User:
+    actor = await authenticate_user(session, caller.apikey, now)
+    if actor.anonymous:
+        raise HordeError("AnonForbiddenWorker", "The anonymous user cannot change workers; use your key.")
+    return actor
+
+
+async def _rename(session: AsyncSession, worker: Worker, wanted: str) -> str:
+    """Rename under the name rule; a name another worker holds (up to its key) is refused."""
+    name = clean_worker_name(wanted)
+    key = worker_name_key(name)
+    if key != worker.name_key:
+        taken = await session.execute(select(Worker.id).where(Worker.name_key == key))
+        if taken.first() is not None:
+            raise HordeError("WorkerNameAlreadyExists", f"The worker name {name!r} is already taken.")
+    try:
+        async with session.begin_nested():
+            worker.name, worker.name_key = name, key
+            await session.flush()
+    except IntegrityError:  # another rename or first pop took it meanwhile (PostgreSQL)
+        raise HordeError("WorkerNameAlreadyExists", f"The worker name {name!r} is already taken.") from None
+    return name
+
+
+async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: WorkerUpdate) -> WorkerChange:
+    """PUT /workers/{id}. Maintenance, info, name and team: the owner or a moderator; paused:
+    moderators only. Every permission is checked before anything changes."""
+    wants_maintenance = body.maintenance is not None or body.maintenance_msg is not None
+    if not (wants_maintenance or body.paused is not None or body.info is not None or body.name is not None
+            or body.team is not None):  # fmt: skip
+        raise HordeError("NoWorkerModSelected", "No worker modification selected.")
+    async with horde.transaction() as session:
+        actor = await _acting_user(session, caller, horde.clock.now())
+        worker = await _live_worker(session, worker_id, lock=True)
+        if wants_maintenance or body.info is not None or body.name is not None or body.team is not None:
+            _owner_or_moderator(actor, worker, "change its maintenance, info, name or team")
+        if body.paused is not None and not actor.moderator:
+            raise HordeError("NotModerator", "Only a moderator can pause a worker.")
+        if body.team:
+            raise HordeError("TeamNotFound", 'horde_lite has no teams; send team "" or leave it out.')
         if body.maintenance is not None:
             worker.maintenance = body.maintenance
         if body.maintenance_msg is not None:
             worker.maintenance_msg = body.maintenance_msg[:255]
-    if body.paused is not None:
-        if not actor.moderator:
-            raise HordeError("NotModerator", "Only a moderator can pause a worker.")
-        worker.paused = body.paused
-    await session.flush()
-    return worker
+        if body.paused is not None:
+            worker.paused = body.paused
+        if body.info is not None:
+            worker.info = body.info
+        name = await _rename(session, worker, body.name) if body.name is not None else None
+        await session.flush()
+        return WorkerChange(
+            maintenance=worker.maintenance if wants_maintenance else None,
+            paused=worker.paused if body.paused is not None else None,
+            info=worker.info if body.info is not None else None,
+            name=name,
+            team="None" if body.team is not None else None,  # upstream's answer for "no team"
+        )
 
 
-def worker_view(worker: Worker, settings: Settings, now: float) -> dict[str, object]:
-    """The public record of a worker (GET /api/v2/workers)."""
-    online = worker.last_check_in >= now - settings.worker.online_seconds
-    chat = None
-    if worker.chat_max_completion_tokens is not None:
-        chat = {
-            "max_completion_tokens": worker.chat_max_completion_tokens,
-            "max_context_tokens": worker.chat_max_context_tokens,
-            "features": worker.chat_features,
-            "image_transports": worker.chat_image_transports,
-        }
-    speed = worker.lease_speed
-    shown = effective_speed(speed, settings)
-    return {
-        "type": "text",
-        "name": worker.name,
-        "id": worker.id,
-        "online": online,
-        "models": worker.models,
-        "max_length": worker.max_length,
-        "max_context_length": worker.max_context_length,
-        "threads": worker.threads,
-        "bridge_agent": worker.bridge_agent,
-        "nsfw": worker.nsfw,
-        "trusted": worker.trusted,
-        "maintenance_mode": worker.maintenance,
-        "paused": worker.paused,
-        "chat": chat,
-        # Lease speed in tokens per second of lease; unmeasured workers show the assumed speed.
-        "performance": f"{shown:.1f} tokens per second",
-        "lease_speed": speed,
-        "speed_measured": speed is not None,
-        "assumed_speed": settings.speed.assumed_tokens_per_second,
-        "capacity": worker.capacity,
-        "requests_fulfilled": worker.completed_jobs,
-        "kudos_rewards": round(worker.kudos_earned, 2),
-        "tokens_generated": worker.tokens_generated,
-        "uncompleted_jobs": worker.aborted_jobs + worker.faulted_jobs,
-        "aborted_jobs": worker.aborted_jobs,
-        "faulted_jobs": worker.faulted_jobs,
-        "uptime": int(max(0.0, worker.last_check_in - worker.created_at)),
-    }
+async def delete_worker(horde: Horde, caller: Caller, worker_id: str) -> DeletedWorker:
+    """DELETE /workers/{id}: the owner or a moderator. The row stays, marked deleted and without a
+    name key: it leaves every listing, its name is free for a new worker, and its history stays
+    (finished requests still name it, its owner's ledger is untouched). A job it holds keeps its
+    lease: the owner may still submit it, else it lapses back to the queue like any other. It is
+    offline from that moment: no reader counts it."""
+    async with horde.transaction() as session:
+        actor = await _acting_user(session, caller, horde.clock.now())
+        worker = await _live_worker(session, worker_id, lock=True)
+        _owner_or_moderator(actor, worker, "delete it")
+        worker.deleted_at = horde.clock.now()
+        worker.name_key = None
+        # Offline at once for every reader (each one's online test is the last check-in's age), so
+        # a deleted worker never counts as capacity, capable or eligible.
+        worker.last_check_in = 0.0
+        await session.flush()
+        return DeletedWorker(id=worker.id, name=worker.name)

@@ -443,11 +443,13 @@ async def test_unknown_model_is_404_and_an_offline_model_waits_the_grace(chat: C
 
 async def test_worker_failures_end_in_502(chat: Chat) -> None:
     key = await chat.hc.user("owner")
-    worker = chat.worker(key, "flaky")
-    await worker.pop()
+    # A request is given up only when more than max_failures DISTINCT workers failed it.
+    workers = [chat.worker(key, f"flaky{i}") for i in range(chat.horde.settings.request.max_failures + 1)]
+    for worker in workers:
+        await worker.pop()
 
     async def fail_every_time() -> None:
-        for _ in range(chat.horde.settings.request.max_failures + 1):
+        for worker in workers:
             job = await worker.pop_job()
             response = await worker.submit(job["id"], None, state="faulted")
             assert response.status_code == 200, response.text

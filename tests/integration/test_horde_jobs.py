@@ -203,7 +203,8 @@ async def test_faulted_submit_gives_the_job_back(client: HordeClient) -> None:
     )
     assert (await _worker(client, "w1"))["faulted_jobs"] == 1
     assert await client.balance("owner") == 0
-    again = (await client.pop(owner, "w1")).json()
+    assert (await client.pop(owner, "w1")).json()["id"] is None  # w1 failed it: never offered again
+    again = (await client.pop(owner, "w2")).json()
     assert again["id"] not in (None, job["id"])
     assert (await client.submit(owner, job["id"], "x", state="faulted")).json()["rc"] == "DuplicateGen"
 
@@ -213,21 +214,22 @@ async def test_more_than_two_failures_fault_the_request(client: HordeClient) -> 
     rich = await client.user("rich", kudos=1000)
     request_id = (await client.create(rich, slow_workers=False, params={"n": 2})).json()["id"]
     assert await _rows(client, "SELECT active FROM kudos_holds") == [(True,)]
-    # Failure 1: a lapse; failures 2 and 3: faults. Meanwhile another job of it keeps running.
+    # Failure 1: a lapse; failures 2 and 3: faults, each by another worker (one worker's failures
+    # count once). Meanwhile another job of it keeps running.
     lapsing = (await client.pop(owner, "w1")).json()["id"]
     client.clock.advance(140)
     keep = (await client.pop(owner, "w0")).json()["id"]
     client.clock.advance(20)
     await client.sweep()
     assert (await client.status(request_id)).json()["restarted"] == 1
-    for _ in range(2):
-        job = (await client.pop(owner, "w2")).json()
+    for name in ("w2", "w3"):
+        job = (await client.pop(owner, name)).json()
         assert job["id"] is not None
         await client.submit(owner, job["id"], "", state="faulted")
     status = (await client.status(request_id)).json()
     assert status["faulted"] is True
     assert (status["waiting"], status["processing"]) == (0, 1)
-    assert (await client.pop(owner, "w3")).json()["id"] is None  # no longer offered
+    assert (await client.pop(owner, "w4")).json()["id"] is None  # no longer offered
     # The hold stays while a job runs, then is released; the running job is still paid.
     assert await _rows(client, "SELECT active FROM kudos_holds") == [(True,)]
     assert (await client.submit(owner, keep, "x" * 80)).status_code == 200
@@ -242,7 +244,7 @@ async def test_lease_speed_samples_mean_and_capacity(client: HordeClient) -> Non
     owner = await client.user("owner")
     await client.pop(owner, "w1")
     for seconds, chars in ((10, 400), (50, 401)):  # 100 tokens in 10 s; ceil(401/4) = 101 tokens in 50 s
-        await client.create(ANON)
+        await client.create(ANON, params={"max_length": 128})
         job = (await client.pop(owner, "w1")).json()
         client.clock.advance(seconds)
         assert (await client.submit(owner, job["id"], "x" * chars)).status_code == 200
@@ -261,8 +263,8 @@ async def test_lease_speed_is_the_mean_of_the_newest_20(client: HordeClient) -> 
     await client.create(ANON)
     job = (await client.pop(owner, "w1")).json()
     client.clock.advance(1)
-    await client.submit(owner, job["id"], "x" * 4000)  # an outlier: 1000 tokens/s
-    assert (await _worker(client, "w1"))["lease_speed"] == 1000
+    await client.submit(owner, job["id"], "x" * 4000)  # an outlier, counted at max_length: 80 tokens/s
+    assert (await _worker(client, "w1"))["lease_speed"] == 80
     await client.create(ANON, params={"n": 20})
     for _ in range(20):
         job = (await client.pop(owner, "w1")).json()

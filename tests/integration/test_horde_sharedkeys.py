@@ -145,12 +145,17 @@ async def test_shared_key_as_requester_charges_the_owner(client: HordeClient) ->
 
 async def test_shared_key_budget_runs_empty(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=1000)
-    key = (await _make(client, owner, kudos=5))["id"]
+    key = (await _make(client, owner, kudos=40))["id"]
+    # A free request must fit the key's budget at its estimate: 64 tokens of a 12B model, 36.57.
     created = await client.create(key, models=["m-12B"], params={"max_length": 64})
     assert created.status_code == 202, created.text
     await _serve(client, created.json()["id"], "x" * 200)  # 50 tokens: reward 16.32, charge 17.32
     shown = (await client.http.get(f"/api/v2/sharedkeys/{key}")).json()
     assert shown["utilized"] == 17.32
+    short = await client.create(key, models=["m-12B"], params={"max_length": 64})
+    assert short.status_code == 403
+    assert short.json()["rc"] == "SharedKeyInsufficientKudos"  # 22.68 left
+    await client.http.patch(f"/api/v2/sharedkeys/{key}", json={"kudos": 17}, headers={"apikey": owner})
     empty = await client.create(key, models=["m-12B"], params={"max_length": 64})
     assert empty.status_code == 403
     assert empty.json()["rc"] == "SharedKeyEmpty"
@@ -200,7 +205,8 @@ async def test_shared_key_max_text_tokens(client: HordeClient) -> None:
     assert over.json()["rc"] == "SharedKeyInsufficientKudos"
     assert "100" in over.json()["message"]
     assert len(await _rows(client, "SELECT id FROM text_requests")) == 1
-    assert await _rows(client, "SELECT key FROM kudos_holds") == []
+    # The free request reserves the key's budget only, not its owner's kudos.
+    assert await _rows(client, "SELECT reserves_user FROM kudos_holds") == [(False,)]
 
 
 async def test_shared_key_cannot_run_a_worker(client: HordeClient) -> None:

@@ -24,7 +24,7 @@ from horde_lite.lifecycle import dispatch
 from horde_lite.lifecycle.eligibility import RequestFacts, WorkerFacts, is_eligible
 from horde_lite.lifecycle.estimate import Estimate, estimate
 from horde_lite.lifecycle.inputs import ChatBlock, PopInput
-from horde_lite.lifecycle.workers import capacity_for
+from horde_lite.lifecycle.workers import capacity_for, worker_name_key
 from tests.support.horde import ANON, HordeClient
 
 MODEL = "Rocinante-X-12B-v1"
@@ -418,6 +418,7 @@ async def _fleet(client: HordeClient, users: dict[str, int], drawn: list[dict[st
             worker = Worker(
                 id=str(uuid.uuid4()),
                 name=spec.name,
+                name_key=worker_name_key(spec.name),  # so each one's pop checks in this row
                 owner_id=users[spec.owner],
                 trusted=spec.owner == "bob",
                 models=spec.models,
@@ -506,6 +507,7 @@ def _request_facts(r: TextRequest) -> RequestFacts:
         trusted_workers=r.trusted_workers,
         slow_workers=r.slow_workers,
         nsfw=r.nsfw,
+        failed_workers=frozenset(r.failed_workers),
     )
 
 

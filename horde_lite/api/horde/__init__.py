@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from litestar import Router
 
-from horde_lite.api.horde import generate, progress, status, users, workers
+from horde_lite.api.horde import generate, kudos, progress, stats, status, users, workers
+from horde_lite.api.strict_body import StrictBody
 
 router = Router(
     path="/api/v2",
+    # Bodies (`data`) decode strictly into their structs; answers are encoded as returned.
+    dto=StrictBody,
+    return_dto=None,
     route_handlers=[
         *generate.HANDLERS,
         *progress.HANDLERS,
         *status.HANDLERS,
         *workers.HANDLERS,
         *users.HANDLERS,
+        *stats.HANDLERS,
+        *kudos.HANDLERS,
     ],
 )

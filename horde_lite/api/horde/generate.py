@@ -1,108 +1,159 @@
-"""/generate/text/*: requests, status, and the worker protocol (pop, submit)."""
+"""/generate/text/*: requests, status, and the worker protocol (pop, submit).
+
+Each handler calls one lifecycle entry point (it owns its transactions and authenticates the
+caller) and builds the wire struct from the typed result it returns.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
-from litestar import Request, Response, delete, get, post
-from litestar.params import FromPath
+import msgspec
+from litestar import Response, delete, get, post
+from litestar.openapi import ResponseSpec
+from litestar.params import FromPath, JSONBody
+from msgspec import UNSET
 
-from horde_lite.api.common import apikey_of, client_agent_of, decode, horde_of, transaction
-from horde_lite.lifecycle import admission, completion, dispatch, lease
+from horde_lite.api.deps import CallerDep, HordeDep
+from horde_lite.api.horde.schemas import (
+    ChatResult,
+    ContextAdjustment,
+    GenerationKobold,
+    GenerationPayloadKobold,
+    GenerationState,
+    GenerationSubmitted,
+    NoValidRequestFoundKobold,
+    PopInput,
+    RequestAsync,
+    RequestQuote,
+    RequestStatusKobold,
+    RequestWarning,
+    SubmitInput,
+    TextRequestInput,
+)
+from horde_lite.lifecycle import admission, completion, dispatch
 from horde_lite.lifecycle import status as status_rules
-from horde_lite.lifecycle.inputs import PopInput, SubmitInput, TextRequestInput
-from horde_lite.lifecycle.users import authenticate, authenticate_user
 
-Req = Request[Any, Any, Any]
+# --- building the answers from the lifecycle's typed results ----------------------------------------
 
 
-@post("/generate/text/async", status_code=202)
-async def create_text_request(request: Req) -> Response[dict[str, Any]]:
-    body = await decode(request, TextRequestInput)
-    try:
-        result, spec = await _admit(request, body)
-    except DryRun as quote:
-        answer = {"kudos": quote.result.kudos, "max_length": quote.result.max_length}
-        if body.chat is not None or quote.result.context_adjustments:
-            answer["context_adjustments"] = quote.result.context_adjustments
-        return Response(answer, status_code=200)
-    answer: dict[str, Any] = {"id": result.request_id, "kudos": result.kudos}
-    if result.warnings:
-        answer["warnings"] = result.warnings
-        answer["message"] = result.warnings[0]["message"]
-    if spec.is_chat or result.context_adjustments:
-        answer["context_adjustments"] = result.context_adjustments
-    return Response(answer, status_code=202)
+def _adjustments(decision: admission.Decision) -> list[ContextAdjustment] | Any:
+    """Listed for chat requests always, for others only when something was changed."""
+    adjustments = decision.admission.context_adjustments
+    if not decision.spec.is_chat and not adjustments:
+        return UNSET
+    return msgspec.convert(adjustments, list[ContextAdjustment])
 
 
-class DryRun(Exception):
-    """Raised inside the admission transaction so a quote is computed like the real request and
-    then rolled back: nothing is kept."""
+def request_answer(decision: admission.Decision) -> RequestAsync | RequestQuote:
+    result = decision.admission
+    if result.request_id is None:  # a dry run
+        return RequestQuote(
+            kudos=result.kudos, max_length=result.max_length, context_adjustments=_adjustments(decision)
+        )
+    warnings = [RequestWarning(**w) for w in result.warnings]
+    return RequestAsync(
+        id=result.request_id,
+        kudos=result.kudos,
+        message=warnings[0].message if warnings else UNSET,
+        warnings=warnings or UNSET,
+        context_adjustments=_adjustments(decision),
+    )
 
-    def __init__(self, result: admission.Admission) -> None:
-        self.result = result
+
+def _seed(raw: str | None) -> int | str | Any:
+    """Stored as text; answered as the integer it was when it reads as one."""
+    if raw is None:
+        return UNSET
+    return status_rules.seed_value(raw)  # ASCII digits only: "²" and "--5" stay text
 
 
-async def _admit(request: Req, body: TextRequestInput) -> tuple[admission.Admission, admission.AdmissionSpec]:
-    horde = horde_of(request)
-    async with transaction(horde) as session:
-        requester = await authenticate(session, apikey_of(request), horde.clock.now())
-        if body.chat is not None:
-            spec = await admission.chat_spec(
-                session, horde, requester, body.chat, models=body.models, dry_run=body.dry_run, base=body,
-                client_agent=client_agent_of(request),
-            )  # fmt: skip
-        else:
-            spec = admission.legacy_spec(requester, body, horde, client_agent_of(request))
-        result = await admission.admit(session, horde, spec)
-        if body.dry_run:
-            raise DryRun(result)
-    return result, spec
+def status_answer(status: status_rules.RequestStatus) -> RequestStatusKobold:
+    return RequestStatusKobold(
+        finished=status.finished,
+        processing=status.processing,
+        restarted=status.restarted,
+        waiting=status.waiting,
+        done=status.done,
+        faulted=status.faulted,
+        wait_time=status.wait_time,
+        queue_position=status.queue_position,
+        kudos=status.kudos,
+        is_possible=status.is_possible,
+        generations=[
+            GenerationKobold(
+                text=g.text,
+                model=g.model,
+                state=cast(GenerationState, g.state),  # finished generations only
+                worker_id=g.worker_id,
+                worker_name=g.worker_name,
+                seed=_seed(g.seed),
+                gen_metadata=g.gen_metadata or UNSET,
+                chat=msgspec.convert(g.chat_result, ChatResult) if g.chat_result else UNSET,
+            )
+            for g in status.generations
+        ],
+    )
+
+
+def pop_answer(popped: dispatch.Popped) -> GenerationPayloadKobold:
+    offer = popped.offer
+    if offer is None:
+        # `payload` is present (empty): the horde-sdk's model of this answer requires it.
+        return GenerationPayloadKobold(
+            id=None, ids=[], payload={}, skipped=NoValidRequestFoundKobold(**popped.skipped)
+        )
+    common: dict[str, Any] = {
+        "id": offer.ids[0],
+        "ids": offer.ids,
+        "model": offer.model,
+        "ttl": offer.ttl,
+        "skipped": NoValidRequestFoundKobold(),
+    }
+    if offer.is_chat:
+        return GenerationPayloadKobold(**common, kind="chat", stream=offer.stream, payload=offer.chat or {})
+    # Kobold parameters pass through untouched; n is the jobs taken, max_length the admitted one.
+    payload = {**offer.params, "prompt": offer.prompt, "n": len(offer.ids), "max_length": offer.max_length}
+    return GenerationPayloadKobold(**common, kind="text", payload=payload, softprompt=None)
+
+
+# --- the routes ------------------------------------------------------------------------------------
+
+
+@post(
+    "/generate/text/async",
+    status_code=202,
+    responses={
+        202: ResponseSpec(RequestAsync, description="Queued."),
+        200: ResponseSpec(RequestQuote, description="A dry run: what it would cost; nothing created."),
+    },
+)
+async def create_text_request(
+    data: JSONBody[TextRequestInput], horde: HordeDep, caller: CallerDep
+) -> Response[RequestAsync | RequestQuote]:
+    decision = await admission.request_text(horde, caller, data)
+    return Response(request_answer(decision), status_code=200 if decision.spec.dry_run else 202)
 
 
 @get("/generate/text/status/{request_id:str}")
-async def get_status(request: Req, request_id: FromPath[str]) -> dict[str, Any]:
-    horde = horde_of(request)
-    async with transaction(horde) as session:
-        return await status_rules.status(session, horde, request_id)
+async def get_status(request_id: FromPath[str], horde: HordeDep) -> RequestStatusKobold:
+    return status_answer(await status_rules.read(horde, request_id))
 
 
 @delete("/generate/text/status/{request_id:str}", status_code=200)
-async def cancel_request(request: Req, request_id: FromPath[str]) -> dict[str, Any]:
-    horde = horde_of(request)
-    async with transaction(horde) as session:
-        await status_rules.cancel(session, horde, request_id)
-        return await status_rules.status(session, horde, request_id)
+async def cancel_request(request_id: FromPath[str], horde: HordeDep) -> RequestStatusKobold:
+    return status_answer(await status_rules.cancel_and_read(horde, request_id))
 
 
 @post("/generate/text/pop", status_code=200)
-async def pop_job(request: Req) -> dict[str, Any]:
-    horde = horde_of(request)
-    body = await decode(request, PopInput)
-    async with transaction(horde) as session:
-        owner = await authenticate_user(session, apikey_of(request), horde.clock.now())
-        worker, job = await dispatch.pop(session, horde, owner, body)
-        if job is None:
-            return {
-                "id": None,
-                "ids": [],
-                "payload": {},
-                "skipped": await dispatch.skipped_reasons(session, horde, worker),
-            }
-        return dispatch.job_answer(job)
+async def pop_job(data: JSONBody[PopInput], horde: HordeDep, caller: CallerDep) -> GenerationPayloadKobold:
+    return pop_answer(await dispatch.pop_job(horde, caller, data))
 
 
 @post("/generate/text/submit", status_code=200)
-async def submit_job(request: Req) -> dict[str, Any]:
-    horde = horde_of(request)
-    body = await decode(request, SubmitInput)
-    async with transaction(horde) as session:
-        # A lapse found here is kept even though the submit is then refused with AbortedGen.
-        await lease.lapse_expired(session, horde, horde.clock.now(), generation_id=body.id)
-    async with transaction(horde) as session:
-        user = await authenticate_user(session, apikey_of(request), horde.clock.now())
-        reward = await completion.submit(session, horde, user, body)
-    return {"reward": reward}
+async def submit_job(data: JSONBody[SubmitInput], horde: HordeDep, caller: CallerDep) -> GenerationSubmitted:
+    submitted = await completion.submit_job(horde, caller, data)
+    return GenerationSubmitted(reward=submitted.reward)
 
 
 HANDLERS = [create_text_request, get_status, cancel_request, pop_job, submit_job]

@@ -1,20 +1,29 @@
-"""/generate/text/progress: a streaming chat job's progress posts (api.md)."""
+"""/generate/text/progress: a streaming chat job's progress posts (docs/reference/chat_requests.md)."""
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import UTC, datetime
 
-from litestar import Request, post
+from litestar import post
+from litestar.params import JSONBody
 
-from horde_lite.api.common import apikey_of, decode, horde_of
+from horde_lite.api.deps import CallerDep, HordeDep
+from horde_lite.api.horde.schemas import GenerationProgress, ProgressInput
 from horde_lite.lifecycle import progress
-from horde_lite.lifecycle.inputs import ProgressInput
+
+
+def progress_answer(answer: progress.ProgressAnswer) -> GenerationProgress:
+    # ISO 8601 in UTC with a `Z`, e.g. 2025-01-31T12:00:00.250000Z.
+    return GenerationProgress(
+        lease_expires_at=datetime.fromtimestamp(answer.lease_expires_at, UTC), cancel=answer.cancel
+    )
 
 
 @post("/generate/text/progress", status_code=200)
-async def post_progress(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body = await decode(request, ProgressInput)
-    return await progress.post(horde_of(request), apikey_of(request), body)
+async def post_progress(
+    data: JSONBody[ProgressInput], horde: HordeDep, caller: CallerDep
+) -> GenerationProgress:
+    return progress_answer(await progress.post(horde, caller, data))
 
 
 HANDLERS = [post_progress]

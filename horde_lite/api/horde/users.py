@@ -1,68 +1,121 @@
-"""/find_user and /sharedkeys."""
+"""/find_user, /users and /sharedkeys."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TypeVar
 
-from litestar import Request, delete, get, patch, post
-from litestar.params import FromPath
+from litestar import delete, get, patch, put, route
+from litestar.params import FromPath, FromQuery, JSONBody
+from msgspec import UNSET, UnsetType
 
-from horde_lite.api.common import apikey_of, decode, horde_of, transaction
-from horde_lite.lifecycle import sharedkeys
-from horde_lite.lifecycle.inputs import SharedKeyInput, SharedKeyPatch
-from horde_lite.lifecycle.users import authenticate, authenticate_user, display_name, worker_count
+from horde_lite.api.deps import CallerDep, HordeDep
+from horde_lite.api.horde.schemas import (
+    ContributionsDetails,
+    ModifyUser,
+    SharedKeyDetails,
+    SharedKeyInput,
+    SharedKeyPatch,
+    SimpleResponse,
+    UserAmountRecords,
+    UserDetails,
+    UserKudosDetails,
+    UserRecords,
+    UserThingRecords,
+    UserUpdate,
+)
+from horde_lite.lifecycle import profiles, sharedkeys
 
-Req = Request[Any, Any, Any]
+T = TypeVar("T")
+
+
+def unset_none(value: T | None) -> T | UnsetType:
+    """None (not set, not shown) as msgspec's UNSET: the field is left out of the answer."""
+    return UNSET if value is None else value
+
+
+def user_details(found: profiles.UserRecord) -> UserDetails:
+    d = found.kudos_details
+    return UserDetails(
+        username=found.username, id=found.id, kudos=round(found.user.kudos, 2), trusted=found.user.trusted,
+        moderator=found.user.moderator, worker_count=found.worker_count, account_age=found.account_age,
+        kudos_details=UserKudosDetails(
+            accumulated=d["accumulated"], gifted=d["gifted"], admin=d["admin"], received=d["received"]
+        ),
+        contributions=ContributionsDetails(fulfillments=found.jobs_fulfilled, tokens=found.tokens_generated),
+        records=UserRecords(
+            contribution=UserThingRecords(tokens=found.tokens_generated),
+            fulfillment=UserAmountRecords(text=found.jobs_fulfilled),
+        ),
+        worker_ids=unset_none(found.worker_ids), sharedkey_ids=unset_none(found.sharedkey_ids),
+    )  # fmt: skip
 
 
 @get("/find_user")
-async def find_user(request: Req) -> dict[str, Any]:
-    horde = horde_of(request)
-    async with transaction(horde) as session:
-        requester = await authenticate(session, apikey_of(request), horde.clock.now())
-        user = requester.user
-        return {
-            "username": display_name(user),
-            "id": user.id,
-            "kudos": round(user.kudos, 2),
-            "trusted": user.trusted,
-            "moderator": user.moderator,
-            "worker_count": await worker_count(session, user.id),
-        }
+async def find_user(horde: HordeDep, caller: CallerDep) -> UserDetails:
+    """The caller's own record (no key: the anonymous user, `Anonymous#0`)."""
+    return user_details(await profiles.find_user(horde, caller))
 
 
-@post("/sharedkeys", status_code=200)
-async def create_shared_key(request: Req) -> dict[str, Any]:
-    horde = horde_of(request)
-    body = await decode(request, SharedKeyInput)
-    async with transaction(horde) as session:
-        owner = await authenticate_user(session, apikey_of(request), horde.clock.now())
-        return await sharedkeys.create(session, horde, owner, body)
+@get("/users")
+async def list_users(
+    horde: HordeDep, page: FromQuery[int] = 1, sort: FromQuery[str] = "kudos"
+) -> list[UserDetails]:
+    """25 public records a page, `sort` kudos (highest first) or age (oldest first)."""
+    return [user_details(u) for u in await profiles.list_users(horde, page=page, sort=sort)]
+
+
+@get("/users/{user_id:str}")
+async def show_user(horde: HordeDep, caller: CallerDep, user_id: FromPath[str]) -> UserDetails:
+    return user_details(await profiles.user_by_id(horde, caller, user_id))
+
+
+@put("/users/{user_id:str}")
+async def change_user(
+    data: JSONBody[UserUpdate], horde: HordeDep, caller: CallerDep, user_id: FromPath[str]
+) -> ModifyUser:
+    found = await profiles.modify_user(horde, caller, user_id, data)
+    return ModifyUser(
+        new_kudos=unset_none(found.new_kudos),
+        trusted=unset_none(found.trusted),
+        moderator=unset_none(found.moderator),
+    )
+
+
+def shared_key_details(found: sharedkeys.SharedKeyRecord) -> SharedKeyDetails:
+    k = found.key
+    return SharedKeyDetails(
+        id=found.id, username=found.owner, name=k.name, kudos=k.kudos, utilized=round(k.utilized, 2),
+        expiry=k.expiry, max_text_tokens=k.max_text_tokens,
+    )  # fmt: skip
+
+
+# Upstream creates with PUT; POST is horde_lite's original spelling of the same call.
+@route("/sharedkeys", http_method=["POST", "PUT"], status_code=200)
+async def create_shared_key(
+    data: JSONBody[SharedKeyInput], horde: HordeDep, caller: CallerDep
+) -> SharedKeyDetails:
+    return shared_key_details(await sharedkeys.create(horde, caller, data))
 
 
 @get("/sharedkeys/{key:str}")
-async def show_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
-    horde = horde_of(request)
-    async with transaction(horde) as session:
-        return await sharedkeys.show(session, key)
+async def show_shared_key(horde: HordeDep, key: FromPath[str]) -> SharedKeyDetails:
+    return shared_key_details(await sharedkeys.show(horde, key))
 
 
 @patch("/sharedkeys/{key:str}")
-async def change_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
-    horde = horde_of(request)
-    body = await decode(request, SharedKeyPatch)
-    async with transaction(horde) as session:
-        owner = await authenticate_user(session, apikey_of(request), horde.clock.now())
-        return await sharedkeys.change(session, horde, owner, key, body)
+async def change_shared_key(
+    data: JSONBody[SharedKeyPatch], horde: HordeDep, caller: CallerDep, key: FromPath[str]
+) -> SharedKeyDetails:
+    return shared_key_details(await sharedkeys.change(horde, caller, key, data))
 
 
 @delete("/sharedkeys/{key:str}", status_code=200)
-async def delete_shared_key(request: Req, key: FromPath[str]) -> dict[str, Any]:
-    horde = horde_of(request)
-    async with transaction(horde) as session:
-        owner = await authenticate_user(session, apikey_of(request), horde.clock.now())
-        await sharedkeys.remove(session, owner, key)
-        return {"message": "OK"}
+async def delete_shared_key(horde: HordeDep, caller: CallerDep, key: FromPath[str]) -> SimpleResponse:
+    await sharedkeys.remove(horde, caller, key)
+    return SimpleResponse(message="OK")
 
 
-HANDLERS = [find_user, create_shared_key, show_shared_key, change_shared_key, delete_shared_key]
+HANDLERS = [
+    find_user, list_users, show_user, change_user,
+    create_shared_key, show_shared_key, change_shared_key, delete_shared_key,
+]  # fmt: skip

@@ -1,11 +1,24 @@
-"""The OpenAI-compatible chat front under /v1 (api.md "Chat front"): request and answer shapes
-only; the waiting and every rule live in `horde_lite.lifecycle.chat_front`. Errors take the OpenAI
-shape through `horde_lite.api.errors` (every path under /v1)."""
+"""The OpenAI-compatible front under /v1: chat completions, text completions and the model list.
+Request and answer shapes only; the waiting and every rule live in the lifecycle
+(`chat_front`, `text_front`, `waiting`). Errors take the OpenAI shape through
+`horde_lite.api.errors` (every path under /v1)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from horde_lite.api.openai import completions, models
+from litestar import Router
 
-ROUTES: list[Any] = [*completions.HANDLERS, *models.HANDLERS]
+from horde_lite.api.openai import completions, models, text_completions
+from horde_lite.api.strict_body import StrictBody
+
+router = Router(
+    path="/v1",
+    # Bodies (`data`) decode strictly into their structs; answers are encoded as returned.
+    dto=StrictBody,
+    return_dto=None,
+    tags=["OpenAI-compatible"],
+    route_handlers=[*completions.HANDLERS, *text_completions.HANDLERS, *models.HANDLERS],
+)
+
+ROUTES: list[Any] = [router]

@@ -1,0 +1,350 @@
+"""Wire structs of the horde face (/api/v2): the exact bodies clients send and receive.
+
+Request bodies are the lifecycle's input structs (``horde_lite.lifecycle.inputs``), re-exported here so the
+face names every shape it speaks in one module. Response structs carry upstream's exact field names; the
+face builds them from the typed results its lifecycle entry points return, so the OpenAPI schema Litestar
+generates from them is the wire.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any, Literal
+
+import msgspec
+from msgspec import UNSET, UnsetType
+
+# The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
+from horde_lite.lifecycle.inputs import (  # noqa: F401
+    KudosTransferInput,
+    PopInput,
+    ProgressInput,
+    SharedKeyInput,
+    SharedKeyPatch,
+    SubmitInput,
+    TextRequestInput,
+    UserUpdate,
+    WorkerUpdate,
+)
+
+# --- requests and jobs
+#
+# Upstream's models: RequestAsync, RequestStatusKobold, GenerationKobold, GenerationPayloadKobold,
+# NoValidRequestFoundKobold, GenerationSubmitted. A field that is UNSET is left out of the answer
+# (an absent key, not a null), exactly as the routes have always answered.
+
+
+class ContextAdjustment(msgspec.Struct, kw_only=True):
+    """A value horde_lite changed from what the client asked, and why."""
+
+    field: str
+    requested: int
+    applied: int
+    reason: str
+
+
+class RequestWarning(msgspec.Struct, kw_only=True):
+    code: str
+    message: str
+
+
+class RequestAsync(msgspec.Struct, kw_only=True):
+    """202 from POST /generate/text/async: the request is queued."""
+
+    id: str
+    kudos: float
+    message: str | UnsetType = UNSET  # the first warning's message, when there is one
+    warnings: list[RequestWarning] | UnsetType = UNSET
+    context_adjustments: list[ContextAdjustment] | UnsetType = UNSET  # chat, or when something changed
+
+
+class RequestQuote(msgspec.Struct, kw_only=True):
+    """200 from POST /generate/text/async with `dry_run`: nothing was created."""
+
+    kudos: float
+    max_length: int  # the length it would run at (lowered by a downgrade)
+    context_adjustments: list[ContextAdjustment] | UnsetType = UNSET
+
+
+class ChatResult(msgspec.Struct, kw_only=True):
+    """A chat job's submitted message (tool calls included), finish_reason and usage."""
+
+    message: dict[str, Any]
+    finish_reason: str
+    usage: dict[str, int]
+
+
+GenerationState = Literal["ok", "censored"]
+
+
+class GenerationKobold(msgspec.Struct, kw_only=True):
+    text: str
+    model: str
+    state: GenerationState
+    worker_id: str
+    worker_name: str
+    seed: int | str | UnsetType = UNSET
+    gen_metadata: list[dict[str, Any]] | UnsetType = UNSET
+    chat: ChatResult | UnsetType = UNSET
+
+
+class RequestStatusKobold(msgspec.Struct, kw_only=True):
+    """GET and DELETE /generate/text/status/{id}; `generations` lists finished ones only."""
+
+    finished: int
+    processing: int
+    restarted: int
+    waiting: int
+    done: bool
+    faulted: bool
+    wait_time: int
+    queue_position: int
+    kudos: float
+    is_possible: bool
+    generations: list[GenerationKobold]
+
+
+class NoValidRequestFoundKobold(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """Waiting requests this worker's declarations are too small for (a key only when counted)."""
+
+    max_length: int = 0
+    max_context_length: int = 0
+
+
+class GenerationPayloadKobold(msgspec.Struct, kw_only=True):
+    """POST /generate/text/pop. No job: `id` null, `ids` and `payload` empty. A job: the Kobold
+    payload (`kind` "text") or the chat payload (`kind` "chat", with `stream`)."""
+
+    id: str | None
+    ids: list[str]
+    payload: dict[str, Any]
+    skipped: NoValidRequestFoundKobold
+    model: str | UnsetType = UNSET
+    ttl: int | UnsetType = UNSET  # the lease, seconds
+    kind: Literal["text", "chat"] | UnsetType = UNSET
+    stream: bool | UnsetType = UNSET
+    softprompt: str | UnsetType | None = UNSET  # null on text jobs (softprompts are not served)
+
+
+class GenerationSubmitted(msgspec.Struct, kw_only=True):
+    reward: float
+
+
+class GenerationProgress(msgspec.Struct, kw_only=True):
+    """POST /generate/text/progress: when the lease now ends, and whether to stop."""
+
+    lease_expires_at: datetime
+    cancel: bool
+
+
+# --- status, stats, workers, users, kudos
+#
+# Upstream's models: ActiveModel, HordePerformance, HordeModes, Newspiece, StatsTxtTotals,
+# TxtModelStats, WorkerDetails, ModifyWorker, DeletedWorker, UserDetails, ModifyUser,
+# KudosTransferred, SharedKeyDetails. Image and interrogation fields upstream's models require are
+# zeros; horde_lite's own additions to a worker's record follow upstream's fields.
+
+
+class Heartbeat(msgspec.Struct, kw_only=True):
+    message: str
+    version: str
+
+
+class ActiveModel(msgspec.Struct, kw_only=True):
+    name: str
+    count: int  # online workers serving it
+    performance: float  # their mean lease speed, tokens per second
+    queued: int  # tokens waiting
+    jobs: int
+    eta: int  # seconds
+    type: Literal["text"] = "text"
+
+
+class HordePerformance(msgspec.Struct, kw_only=True):
+    queued_text_requests: int
+    queued_tokens: float
+    text_worker_count: int
+    text_thread_count: int
+    past_minute_tokens: float
+    # Upstream's image and interrogation figures (worker_count and thread_count are image workers).
+    queued_requests: int = 0
+    worker_count: int = 0
+    thread_count: int = 0
+    queued_megapixelsteps: float = 0.0
+    past_minute_megapixelsteps: float = 0.0
+    queued_forms: float = 0.0
+    interrogator_count: int = 0
+    interrogator_thread_count: int = 0
+
+
+class HordeModes(msgspec.Struct, kw_only=True):
+    maintenance_mode: bool
+    invite_only_mode: bool
+    raid_mode: bool | UnsetType = UNSET  # moderators only
+
+
+class Newspiece(msgspec.Struct, kw_only=True):
+    date_published: str
+    newspiece: str
+    importance: str
+    tags: list[str]
+    title: str
+    more_info_urls: list[str]
+
+
+class SinglePeriodTxtStat(msgspec.Struct, kw_only=True):
+    requests: int
+    tokens: int
+
+
+class StatsTxtTotals(msgspec.Struct, kw_only=True):
+    minute: SinglePeriodTxtStat
+    hour: SinglePeriodTxtStat
+    day: SinglePeriodTxtStat
+    month: SinglePeriodTxtStat
+    total: SinglePeriodTxtStat
+
+
+class TxtModelStats(msgspec.Struct, kw_only=True):
+    """Finished jobs per model name."""
+
+    day: dict[str, int]
+    month: dict[str, int]
+    total: dict[str, int]
+
+
+class WorkerKudosDetails(msgspec.Struct, kw_only=True):
+    generated: float
+    uptime: int = 0  # horde_lite pays no uptime kudos
+
+
+class WorkerChat(msgspec.Struct, kw_only=True):
+    """A chat worker's declared limits and features (horde_lite's chat block)."""
+
+    max_completion_tokens: int
+    max_context_tokens: int | None
+    features: list[str]
+    image_transports: list[str]
+
+
+class WorkerDetails(msgspec.Struct, kw_only=True):
+    type: Literal["text"]
+    name: str
+    id: str
+    online: bool
+    models: list[str]
+    max_length: int
+    max_context_length: int
+    threads: int
+    bridge_agent: str
+    nsfw: bool
+    trusted: bool
+    flagged: bool
+    maintenance_mode: bool
+    paused: bool
+    info: str | None
+    performance: str  # "<lease speed> tokens per second"
+    requests_fulfilled: int
+    kudos_rewards: float
+    kudos_details: WorkerKudosDetails
+    tokens_generated: int
+    uncompleted_jobs: int
+    uptime: int  # seconds from its first pop to its last
+    # horde_lite's additions: the chat block, the lease speed (null while unmeasured, then the
+    # assumed speed is used) and the capacity it gives, the uncompleted jobs by kind.
+    chat: WorkerChat | None
+    lease_speed: float | None
+    speed_measured: bool
+    assumed_speed: float
+    capacity: int
+    aborted_jobs: int
+    faulted_jobs: int
+
+
+class ModifyWorker(msgspec.Struct, kw_only=True):
+    """Only the fields the PUT changed."""
+
+    maintenance: bool | UnsetType = UNSET
+    paused: bool | UnsetType = UNSET
+    info: str | UnsetType = UNSET
+    name: str | UnsetType = UNSET
+    team: str | UnsetType = UNSET
+
+
+class DeletedWorker(msgspec.Struct, kw_only=True):
+    deleted_id: str
+    deleted_name: str
+
+
+class UserKudosDetails(msgspec.Struct, kw_only=True):
+    accumulated: float  # earned by the user's workers less what its requests were charged
+    gifted: float  # transferred to others
+    admin: float  # granted or taken by operators and moderators
+    received: float  # transferred from others
+    donated: float = 0.0
+    recurring: float = 0.0
+    awarded: float = 0.0
+    styled: float = 0.0
+
+
+class ContributionsDetails(msgspec.Struct, kw_only=True):
+    fulfillments: int
+    tokens: int
+    megapixelsteps: float = 0.0
+
+
+class UserThingRecords(msgspec.Struct, kw_only=True):
+    tokens: int
+    megapixelsteps: float = 0.0
+
+
+class UserAmountRecords(msgspec.Struct, kw_only=True):
+    text: int
+    image: int = 0
+    interrogation: int = 0
+
+
+class UserRecords(msgspec.Struct, kw_only=True):
+    contribution: UserThingRecords
+    fulfillment: UserAmountRecords
+
+
+class UserDetails(msgspec.Struct, kw_only=True):
+    username: str  # "name#id"; the anonymous user is "Anonymous#0"
+    id: int
+    kudos: float
+    trusted: bool
+    moderator: bool
+    kudos_details: UserKudosDetails
+    worker_count: int
+    account_age: int  # seconds
+    contributions: ContributionsDetails
+    records: UserRecords
+    worker_ids: list[str] | UnsetType = UNSET  # the user's own key, or a moderator
+    sharedkey_ids: list[str] | UnsetType = UNSET  # the same; each key's hash, not the key
+
+
+class ModifyUser(msgspec.Struct, kw_only=True):
+    """Only the fields the PUT changed."""
+
+    new_kudos: float | UnsetType = UNSET
+    trusted: bool | UnsetType = UNSET
+    moderator: bool | UnsetType = UNSET
+
+
+class KudosTransferred(msgspec.Struct, kw_only=True):
+    transferred: float
+
+
+class SharedKeyDetails(msgspec.Struct, kw_only=True):
+    id: str  # the key as the caller gave it (its hash, when given the hash)
+    username: str  # the owner
+    name: str
+    kudos: float  # the budget; -1 unlimited
+    utilized: float
+    expiry: float | None  # epoch seconds; null never
+    max_text_tokens: int  # -1 no cap
+
+
+class SimpleResponse(msgspec.Struct, kw_only=True):
+    message: str

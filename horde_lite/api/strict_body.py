@@ -1,0 +1,80 @@
+"""Request bodies decoded with msgspec's strict rules, as a Litestar DTO.
+
+Litestar converts a handler's `data` leniently (`"80"` becomes 80, `1` becomes `true`); the horde
+API has always refused a field of the wrong type, and clients rely on the 400 naming it. Set on a
+router (`dto=StrictBody, return_dto=None`), this DTO decodes every `data: <Struct>` of its handlers
+straight from the raw bytes into the annotated type, strictly, and describes the body in the OpenAPI
+schema as that type itself. Defaults still apply on the server: a client sends only what it sets.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Generator
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+from litestar.dto import AbstractDTO, DTOConfig, DTOFieldDefinition
+from litestar.exceptions import ValidationException
+from litestar.openapi.spec import Reference, Schema
+from litestar.typing import FieldDefinition
+
+if TYPE_CHECKING:
+    from litestar._openapi.schema_generation import SchemaCreator
+
+T = TypeVar("T")
+
+_AT = re.compile(r"^(?P<reason>.*) - at `\$\.?(?P<path>[^`]*)`$", re.DOTALL)
+
+
+def validation_error(error: msgspec.ValidationError) -> ValidationException:
+    """A msgspec validation failure as Litestar's own, naming the field (`params`, `models[0]`)."""
+    found = _AT.match(str(error))
+    reason, path = (found["reason"], found["path"] or "body") if found else (str(error), "body")
+    return ValidationException(
+        detail=f"{path}: {reason}", extra=[{"message": reason, "key": path, "source": "body"}]
+    )
+
+
+class StrictBody(AbstractDTO[T]):
+    """Decode `data` strictly into its annotation; never used for answers (`return_dto=None`)."""
+
+    config = DTOConfig()
+
+    @classmethod
+    def generate_field_definitions(cls, model_type: type[Any]) -> Generator[DTOFieldDefinition, None, None]:
+        yield from ()  # no transfer model: the body decodes into the annotated type itself
+
+    @classmethod
+    def detect_nested_field(cls, field_definition: FieldDefinition) -> bool:
+        return False
+
+    @classmethod
+    def create_for_field_definition(
+        cls, field_definition: FieldDefinition, handler_id: str, backend_cls: Any = None
+    ) -> None:
+        return None  # nothing to build per handler
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+    ) -> Reference | Schema:
+        return schema_creator.for_field_definition(field_definition)
+
+    def decode_bytes(self, value: bytes) -> Any:
+        data_field = self.asgi_connection.route_handler.parsed_data_field
+        assert data_field is not None  # Litestar calls a data DTO only for handlers that take `data`
+        try:
+            return msgspec.json.decode(value, type=data_field.annotation)
+        except msgspec.ValidationError as e:
+            raise validation_error(e) from e
+        except msgspec.DecodeError as e:
+            raise ValidationException(detail=f"The request body is not valid JSON: {e}") from e
+
+    def decode_builtins(self, value: dict[str, Any]) -> Any:
+        data_field = self.asgi_connection.route_handler.parsed_data_field
+        assert data_field is not None
+        try:
+            return msgspec.convert(value, type=data_field.annotation)
+        except msgspec.ValidationError as e:
+            raise validation_error(e) from e
