@@ -1,6 +1,6 @@
 """horde_lite's OpenTelemetry instruments: the one place their names and attributes are defined.
 
-Names and attribute keys are a contract (behaviour.md §5 and §7, seeds 000 and 003): dashboards
+Names and attribute keys are a contract (docs/reference/metrics.md): dashboards
 and tests read them. Callers build attribute sets only through the helpers below, so a key cannot
 be misspelt and a value cannot be unbounded (ids belong in logs, never in metric attributes).
 
@@ -83,7 +83,7 @@ Attributes = dict[str, str | bool]
 _WORKER_TRUSTED: Final = "horde.worker_trusted"
 _SIZE_BUCKET: Final = "horde.size_bucket"
 _CHAT: Final = "horde.chat"
-# behaviour.md §5 names the shadow outcome attribute plainly `outcome` (not `horde.outcome`).
+# The shadow outcome attribute is plainly `outcome`, not `horde.outcome` (docs/reference/metrics.md).
 _SHADOW_OUTCOME: Final = "outcome"
 _REQUESTER: Final = "horde.requester"
 _OUTCOME: Final = "horde.outcome"
@@ -112,7 +112,7 @@ def _check(value: str, allowed: frozenset[str], what: str) -> None:
 
 
 def shadow_attributes(worker_trusted: bool, max_length: int, chat: bool) -> Attributes:
-    """Attributes of every gate-shadow record: assignments and service seconds (seed 000)."""
+    """Attributes of every gate-shadow record: assignments and service seconds (decision 0001)."""
     return {_WORKER_TRUSTED: worker_trusted, _SIZE_BUCKET: size_bucket(max_length), _CHAT: chat}
 
 
@@ -127,7 +127,7 @@ def shadow_outcome_attributes(
 def allowance_attributes(
     requester: RequesterKind, outcome: AllowanceOutcome, requested: int, allowance: int, chat: bool
 ) -> Attributes:
-    """Attributes of a free-allowance decision (seed 003): who asked, what happened, both sizes."""
+    """Attributes of a free-allowance decision (decision 0002): who asked, what happened, both sizes."""
     _check(requester, REQUESTER_KINDS, "requester kind")
     _check(outcome, ALLOWANCE_OUTCOMES, "allowance outcome")
     return {
@@ -140,7 +140,7 @@ def allowance_attributes(
 
 
 def wait_attributes(requester: RequesterKind, chat: bool) -> Attributes:
-    """Attributes of the two wait histograms, so waits can be read per requester kind (seed 003)."""
+    """Attributes of the two wait histograms, so waits can be read per requester kind (decision 0002)."""
     _check(requester, REQUESTER_KINDS, "requester kind")
     return {_REQUESTER: requester, _CHAT: chat}
 

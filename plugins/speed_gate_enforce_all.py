@@ -1,4 +1,4 @@
-"""enforce_all: ADR 0038's rule for every text job: refuse any request over the worker's capacity."""
+"""enforce_all: the strict speed gate for every text job: refuse any request over the worker's capacity."""
 
 from __future__ import annotations
 

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from litestar import Response, get
 
-from litestar import Request, Response, get
-
-from horde_lite.api.common import horde_of
+from horde_lite.api.deps import HordeDep
 
 
 @get("/metrics", include_in_schema=False)
-async def metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
-    body, content_type = horde_of(request).metrics.render()
+async def metrics(horde: HordeDep) -> Response[bytes]:
+    body, content_type = horde.metrics.render()
     return Response(body, media_type=content_type)

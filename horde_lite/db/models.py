@@ -233,7 +233,7 @@ class Generation(Base):
     gen_metadata: Mapped[list[Any] | None] = mapped_column(JsonDoc, nullable=True)
     tokens: Mapped[int] = mapped_column(Integer, default=0)
     reward: Mapped[float] = mapped_column(Float, default=0.0)
-    # Shadow record of the speed gate (seed 000): fixed at assignment because speed moves.
+    # Shadow record of the speed gate (decision 0001): fixed at assignment because speed moves.
     over_capacity_at_assignment: Mapped[bool] = mapped_column(Boolean, default=False)
     capacity_at_assignment: Mapped[int] = mapped_column(Integer, default=0)
     speed_at_assignment: Mapped[float] = mapped_column(Float, default=0.0)

@@ -1,5 +1,5 @@
 """Admission: validate a text or chat request, size its free output allowance, decide whether it
-is free, funded, downgraded or refused, and queue it (behaviour.md §7, seed 003)."""
+is free, funded, downgraded or refused, and queue it (decision 0002)."""
 
 from __future__ import annotations
 

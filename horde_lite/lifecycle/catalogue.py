@@ -8,8 +8,9 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
-from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import request_offered, worker_online, worker_speed
+from horde_lite.lifecycle.users import authenticate
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +78,15 @@ async def text_models(session: AsyncSession, horde: Horde, *, name: str | None =
             )
         )
     return sorted(out, key=lambda m: m.name)
+
+
+async def list_chat_models(horde: Horde, caller: Caller) -> list[tuple[str, float]]:
+    """GET /v1/models. A key is optional, but a wrong one is a 401 here too, so a client's "check
+    connection" tells the truth."""
+    async with horde.transaction() as session:
+        if caller.apikey:
+            await authenticate(session, caller.apikey, horde.clock.now())
+        return await chat_models(session, horde)
 
 
 async def chat_models(session: AsyncSession, horde: Horde) -> list[tuple[str, float]]:

@@ -109,7 +109,7 @@ def prompt_chars(payload: ChatPayload) -> int:
 
 
 def prompt_tokens(payload: ChatPayload) -> int:
-    """Estimated as ceil(chars / 3) (behaviour.md §4)."""
+    """Estimated as ceil(chars / 3) (docs/reference/chat_requests.md)."""
     return math.ceil(prompt_chars(payload) / 3)
 
 

@@ -1,4 +1,4 @@
-"""The chat front's lifecycle (POST /v1/chat/completions), without HTTP (api.md "Chat front").
+"""The chat front's lifecycle (POST /v1/chat/completions), without HTTP (docs/reference/chat_requests.md).
 
 The front creates a chat request through the same admission as the native route
 (`admission.decide`), then follows it with `horde_lite.lifecycle.waiting`, which the text

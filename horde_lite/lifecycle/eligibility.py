@@ -1,4 +1,4 @@
-"""One eligibility check: "could worker W take request R now" (behaviour.md §4-6).
+"""One eligibility check: "could worker W take request R now" (docs/explanation/dispatch.md).
 
 It exists as SQL clauses over a worker row and a request row (read by the pop, the status route,
 worker availability and the wait estimate) and as a Python mirror over plain facts (read where a
@@ -97,7 +97,7 @@ def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
 
 
 def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> list[ColumnElement[bool]]:
-    """A worker that can finish chat request `r` inside the base lease (seed 000)."""
+    """A worker that can finish chat request `r` inside the base lease (decision 0001)."""
     # Plain comparisons before the JSON list tests (SQLite evaluates them in this order).
     return [
         worker_online(cw, rules),

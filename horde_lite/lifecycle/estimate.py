@@ -1,4 +1,4 @@
-"""The wait estimate (record 0040, behaviour.md §6), read by admission and the status route.
+"""The wait estimate (docs/explanation/dispatch.md), read by admission and the status route.
 
 Eligible workers of R: online workers passing the eligibility check for R. Competing work: the
 queued output of requests ahead of R that at least one of them could take. Estimated wait:

@@ -1,5 +1,6 @@
 """Leases: progress posts extend a streaming chat job's lease; a lapsed lease aborts the job and
-gives it back; the sweep finds lapses and expired requests (behaviour.md §2-3)."""
+gives it back; the sweep finds lapses and expired requests (docs/reference/chat_requests.md,
+"Job lease"; expiry: docs/reference/horde_api.md)."""
 
 from __future__ import annotations
 

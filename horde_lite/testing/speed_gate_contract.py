@@ -1,6 +1,6 @@
 """The speed gate contract: prove a gate's SQL clause and its Python check agree.
 
-A speed gate supplies one offer rule twice (architecture.md): `text_wp_speed_gate_clause`, which
+A speed gate supplies one offer rule twice (docs/reference/policies.md): `text_wp_speed_gate_clause`, which
 the pop query applies in its WHERE clause, and `can_generate_with_eligibility_inputs`, which the
 Python mirror of the eligibility check (`horde_lite.lifecycle.eligibility.is_eligible`) reads. If
 the two disagree, the pop hands out jobs the status route, the wait estimate and worker
@@ -37,7 +37,7 @@ The generated fleets cover online and offline workers (at the 300 s boundary), m
 paused workers, measured and unmeasured speeds (capacities at and around request sizes), chat and
 legacy workers with every subset of features and image transports, and chat and legacy requests
 with models, allow/deny lists, trusted-only, slow-worker and nsfw flags. Hand-written examples
-always run first, among them the seed's: a 4.0 tokens/s worker (capacity 480) and a 512-token
+always run first, among them decision 0001's: a 4.0 tokens/s worker (capacity 480) and a 512-token
 tool-using chat request, with the unmeasured tools-declaring worker online and offline.
 """
 
@@ -185,7 +185,7 @@ def examples(settings: Settings | None = None) -> Any:
 
 
 def seed_examples(settings: Settings | None = None) -> list[Example]:
-    """Hand-written examples that always run: the seed's worked case and its neighbours."""
+    """Hand-written examples that always run: decision 0001's worked case and its neighbours."""
     settings = settings or Settings()
     slow = WorkerFacts(
         id="w0",

@@ -1,7 +1,7 @@
-"""Chat requests end to end with the real `openai` package (api.md "Chat front", "Chat on the native
-route", "Chat jobs on the worker side"; behaviour.md §3-4; seed 000's and seed 003's checks for this
-module). Every test runs on SQLite and on PostgreSQL; the chat worker is driven over HTTP in a
-concurrent task while the client waits (see tests/support/chat.py for why a streaming transport)."""
+"""Chat requests end to end with the real `openai` package (docs/reference/chat_requests.md,
+including the speed gate of decision 0001 and the free output allowance of decision 0002). Every
+test runs on SQLite and on PostgreSQL; the chat worker is driven over HTTP in a concurrent task
+while the client waits (see tests/support/chat.py for why a streaming transport)."""
 
 from __future__ import annotations
 
@@ -716,7 +716,7 @@ async def test_native_chat_request_is_polled_with_the_status_route(chat: Chat) -
     assert generation["chat"]["usage"] == {"prompt_tokens": 3, "completion_tokens": 2}
 
 
-# --- the speed gate (seed 000) -----------------------------------------------------------------
+# --- the speed gate (decision 0001) -------------------------------------------------------------
 
 
 async def test_assignment_of_a_chat_request_beyond_the_only_online_workers_capacity(chat: Chat) -> None:
@@ -761,7 +761,7 @@ async def test_refusal_to_assign_a_chat_request_to_a_slower_worker_when_a_capabl
     assert job["payload"]["max_length"] == 512
 
 
-# --- the free output allowance's quotes (seed 003) ---------------------------------------------
+# --- the free output allowance's quotes (decision 0002) -----------------------------------------
 
 
 async def test_a_funded_quote_is_not_returned_for_an_anonymous_dry_run_above_the_allowance(

@@ -1,5 +1,6 @@
 """Streaming chat jobs: progress posts, the lease they extend, lapses before and after output, and
-the client going away (behaviour.md §3, api.md "Chat jobs on the worker side"). Both databases."""
+the client going away (docs/reference/chat_requests.md, "Chat workers" and "Job lease"). Both
+databases."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Pop, lease and submit (behaviour.md §3, §9; api.md): the pop answer's shape, the lease (`ttl`),
+"""Pop, lease and submit (docs/reference/horde_api.md, "Workers"; docs/reference/chat_requests.md,
+"Job lease"): the pop answer's shape, the lease (`ttl`),
 DuplicateGen, AbortedGen, WrongCredentials, faults and lapses giving the job back, faulting after
 more than 2 failures, lease speed samples and capacity, and concurrent pops on both databases."""
 

@@ -1,7 +1,7 @@
-"""Kudos through HTTP (behaviour.md §8-9): the requester pays reward + 1 and the worker's owner earns
-the reward; upfront holds keyed `upfront:<request id>`, one per request, consumed by charges and
-released on completion, cancel, fault and expiry; and a reconciliation property over random
-sequences of creates, pops, submits, faults, lapses, cancels and expiries.
+"""Kudos through HTTP (docs/explanation/kudos_accounting.md): the requester pays reward + 1 and the
+worker's owner earns the reward; upfront holds keyed `upfront:<request id>`, one per request,
+consumed by charges and released on completion, cancel, fault and expiry; and a reconciliation
+property over random sequences of creates, pops, submits, faults, lapses, cancels and expiries.
 
 The invariant checked after every step (`reconcile`):
 

@@ -1,6 +1,7 @@
-"""Text requests on the horde API (behaviour.md §1-2, api.md): upstream defaults, validation with
-the upstream rc codes (never a 500, nothing left behind), n jobs, model matching, worker targeting,
-dry runs, the status and cancel routes, queue order and ageing, expiry, TooManyPrompts."""
+"""Text requests on the horde API (docs/reference/horde_api.md, "Requests"): upstream defaults,
+validation with the upstream rc codes (never a 500, nothing left behind), n jobs, model matching,
+worker targeting, dry runs, the status and cancel routes, queue order and ageing, expiry,
+TooManyPrompts."""
 
 from __future__ import annotations
 

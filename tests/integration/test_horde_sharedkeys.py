@@ -1,6 +1,6 @@
-"""Shared keys (behaviour.md §1, api.md): /api/v2/sharedkeys create/show/patch/delete, a shared key
-as requester with its kudos budget, expiry and token cap, utilized growing with charges, and no
-workers under a shared key."""
+"""Shared keys (docs/reference/horde_api.md, "Shared keys"): /api/v2/sharedkeys
+create/show/patch/delete, a shared key as requester with its kudos budget, expiry and token cap,
+utilized growing with charges, and no workers under a shared key."""
 
 from __future__ import annotations
 

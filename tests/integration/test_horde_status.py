@@ -1,4 +1,5 @@
-"""/api/v2/status/models and /api/v2/status/heartbeat (api.md): the fields the horde-sdk requires."""
+"""/api/v2/status/models and /api/v2/status/heartbeat (docs/reference/horde_api.md): the fields the
+horde-sdk requires."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Users and keys on the horde API (behaviour.md §1, api.md): the anonymous key, registered keys
+"""Users and keys on the horde API (docs/reference/horde_api.md): the anonymous key, registered keys
 (22 characters, stored hashed), InvalidAPIKey, and /api/v2/find_user."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Workers (behaviour.md §1, §3; api.md /workers): created by their first pop, each pop a check-in
+"""Workers (docs/reference/horde_api.md, "Workers"): created by their first pop, each pop a check-in
 storing the declarations, name ownership, maintenance and pause with fake jobs, and the public
 worker records (declarations, lease speed, capacity, online)."""
 

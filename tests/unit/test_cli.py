@@ -1,4 +1,4 @@
-"""The operator commands (architecture.md "Settings and commands") against a real database of each
+"""The operator commands (docs/reference/operators.md, "Commands") against a real database of each
 kind: `database upgrade`, `users create`, `users kudos`, `policies list`. Most run the click
 commands in-process with click's CliRunner; one runs the installed `horde-lite` console script."""
 

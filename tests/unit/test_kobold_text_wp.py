@@ -1,5 +1,5 @@
-"""The free output allowance (seed 003, behaviour.md §7): the curve, the upfront decision and its
-metrics, on SQLite and PostgreSQL through the real app.
+"""The free output allowance (decision 0002; docs/reference/chat_requests.md, "Free output
+allowance"): the curve, the upfront decision and its metrics, on SQLite and PostgreSQL through the real app.
 
 Most tests read the allowance the way a client can: an anonymous dry run for 16,384 tokens with
 `allow_downgrade` is answered with the max_length the request would be lowered to, which is the

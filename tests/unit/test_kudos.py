@@ -1,4 +1,5 @@
-"""Kudos rules as pure functions (behaviour.md §8): parameter counts, price, reward, multiplier.
+"""Kudos rules as pure functions (docs/reference/horde_api.md, "Kudos"): parameter counts, price,
+reward, multiplier.
 
 The ledger, holds and settlement are exercised through HTTP in tests/integration/test_horde_kudos.py.
 """

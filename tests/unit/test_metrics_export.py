@@ -1,4 +1,4 @@
-"""GET /metrics over HTTP (issue 4, architecture.md "Metrics"): after traffic that records every
+"""GET /metrics over HTTP (docs/reference/metrics.md): after traffic that records every
 instrument, the exposition holds each metric under its Prometheus name and type, and every label
 is one of the known, bounded keys with a value from a fixed set. No request, generation or worker
 id, worker name, user name or key appears anywhere in it (ids belong in logs)."""

@@ -1,4 +1,4 @@
-"""The policy registry (issue 4, architecture.md "Shape"): policies are found only through the
+"""The policy registry (docs/reference/policies.md): policies are found only through the
 `horde_lite.speed_gate|allowance_curve|shadow_metrics` entry points, selected by name with options
 from `[policies]`, loaded once at start-up with an error naming the installed policies or the bad
 option, and listed by `horde-lite policies list`. A policy from another distribution, installed by
@@ -71,7 +71,7 @@ def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
 
 
 def test_the_core_never_imports_plugins_by_name() -> None:
-    """Built-in policies are reached only through their entry points (architecture.md)."""
+    """Built-in policies are reached only through their entry points (docs/reference/policies.md)."""
     offenders = [
         str(path.relative_to(PROJECT))
         for path in (PROJECT / "horde_lite").rglob("*.py")

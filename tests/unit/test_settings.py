@@ -1,4 +1,4 @@
-"""Settings: litestar.toml tables and defaults (architecture.md "Settings and commands"), environment
+"""Settings: litestar.toml tables and defaults (docs/reference/operators.md, "Settings"), environment
 overrides, HORDE_LITE_CONFIG, and errors that name the offending key."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from horde_lite.settings import Settings, SettingsError, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# architecture.md's table, key by key.
+# docs/reference/operators.md's settings tables, key by key.
 CONTRACT: dict[str, dict[str, object]] = {
     "database": {"url": "sqlite+aiosqlite:///horde_lite.db"},
     "lease": {

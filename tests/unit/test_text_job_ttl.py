@@ -1,6 +1,6 @@
-"""Seed 000 ("Enforce the speed gate for chat requests and shadow it for legacy text"), its
-Confirmation section for tests/unit/test_text_job_ttl.py, bullet by bullet, on SQLite and
-PostgreSQL (behaviour.md §3-5):
+"""Decision 0001 (docs/decisions/0001-speed-gate-prefer-capable.md), its Confirmation section for
+tests/unit/test_text_job_ttl.py, bullet by bullet, on SQLite and PostgreSQL (the rules:
+docs/reference/chat_requests.md, "Job lease"):
 
 - agreement between the pop clause and the eligibility check, for chat and legacy requests, with
   and without a capable worker online, for every built-in gate (the contract module);
@@ -12,7 +12,7 @@ PostgreSQL (behaviour.md §3-5):
 - shadow records: markers and counts for legacy and chat, completed outcomes with service time,
   faulted outcomes counted once, aborted outcomes, nothing within capacity, nothing for fakes;
 - feature containment gives the same answers on PostgreSQL and SQLite;
-and the seed's worked example through HTTP.
+and decision 0001's worked example through HTTP.
 """
 
 from __future__ import annotations
@@ -504,7 +504,7 @@ async def test_fake_generations_are_not_recorded(
     assert value(text, LIMITED) == 1
 
 
-# --- the seed's example through HTTP -----------------------------------------------------------
+# --- decision 0001's example through HTTP ---------------------------------------------------
 
 
 async def test_the_seed_example_a_4_tokens_per_second_worker_and_512_token_requests(

@@ -1,9 +1,10 @@
-"""One eligibility check, every reader (behaviour.md §6, seeds 000 and 003): the wait estimate's
+"""One eligibility check, every reader (docs/explanation/dispatch.md; decisions 0001 and 0002): the
+wait estimate's
 competing work and eligible speed, the status route, the pop and the model listing agree, on
 SQLite and PostgreSQL.
 
 Slow workers count as capacity for legacy requests and for chat requests no capable worker can
-take, and not for chat requests a capable worker can take (seed 000).
+take, and not for chat requests a capable worker can take (decision 0001).
 """
 
 from __future__ import annotations
@@ -192,7 +193,7 @@ async def test_a_shared_worker_makes_another_models_work_compete(client: HordeCl
     assert est.estimated_wait == pytest.approx(100.0)
 
 
-# --- slow workers and the speed gate (seed 000) --------------------------------------------------
+# --- slow workers and the speed gate (decision 0001) ----------------------------------------------
 
 
 async def test_slow_worker_counts_for_a_legacy_request_over_its_capacity(client: HordeClient) -> None:

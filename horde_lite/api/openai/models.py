@@ -7,16 +7,12 @@ from litestar.params import FromPath
 
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai.schemas import Model, ModelList
-from horde_lite.lifecycle.catalogue import chat_models
+from horde_lite.lifecycle.catalogue import list_chat_models
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.users import authenticate
 
 
 async def _listed(horde: HordeDep, caller: CallerDep) -> list[Model]:
-    async with horde.transaction() as session:
-        if caller.apikey:  # a wrong key is a 401 here too, so a client's "check connection" tells the truth
-            await authenticate(session, caller.apikey, horde.clock.now())
-        return [Model(id=name, created=int(created)) for name, created in await chat_models(session, horde)]
+    return [Model(id=name, created=int(created)) for name, created in await list_chat_models(horde, caller)]
 
 
 @get("/models")
