@@ -1,0 +1,187 @@
+"""Full job cycles over HTTP against real `horde-lite run` processes: simulated workers each create a
+request, pop until they get a job and submit it, for a bounded time, on a fresh database.
+
+Each simulated worker has its own worker owner and its own requester (so the figure is the server's,
+not the contention on one shared account's row); calls go round robin over the processes; rate
+limits are off (every caller shares one address).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.admission import BENCH_PG_DB, pct
+from bench.soak import set_up_users
+from bench.soak_servers import Server, free_port, fresh_postgres, server_env
+from horde_lite.db import migrate
+from horde_lite.db.engine import make_engine
+
+MODEL = "bench/Cycle-8B"
+RATE_LIMITS_OFF = {"ratelimit": {"create_per_minute": 0, "status_per_minute": 0}}
+CREATE = {"prompt": "Once upon a time", "models": [MODEL],
+          "params": {"n": 1, "max_length": 64, "max_context_length": 1024}}  # fmt: skip
+CALL_TIMEOUT = 30.0
+
+
+@dataclass
+class CycleResult:
+    db: str
+    processes: int
+    workers: int
+    seconds: float
+    cycles: int
+    empty_pops: int
+    errors: int
+    per_second: float
+    create_p50: float
+    pop_p50: float
+    submit_p50: float
+    cycle_p50: float
+    cycle_p99: float
+    server_cpu_ms_per_cycle: float | None  # all server processes' user+system CPU over the window
+    errors_seen: list[str] = field(default_factory=list)
+
+
+def _group_cpu_seconds(pgids: set[int]) -> float:
+    """User + system CPU of every process in these process groups (Linux /proc)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0.0
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        parts = stat[stat.rindex(")") + 2 :].split()
+        if int(parts[2]) in pgids:  # field 5: pgrp; 14, 15: utime, stime
+            total += (int(parts[11]) + int(parts[12])) / tick
+    return total
+
+
+class Pool:
+    """One keep-alive client per server process, calls round robin."""
+
+    def __init__(self, servers: list[Server], connections: int) -> None:
+        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        self.clients = [httpx.AsyncClient(base_url=s.base_url, limits=limits, timeout=CALL_TIMEOUT)
+                        for s in servers]  # fmt: skip
+        self.turn = 0
+
+    async def post(self, path: str, key: str, body: dict[str, Any]) -> httpx.Response:
+        self.turn += 1
+        return await self.clients[self.turn % len(self.clients)].post(
+            path, json=body, headers={"apikey": key}
+        )
+
+    async def close(self) -> None:
+        for c in self.clients:
+            await c.aclose()
+
+
+def _pop_body(slot: int) -> dict[str, Any]:
+    return {"name": f"perf-worker-{slot}", "models": [MODEL], "max_length": 512, "max_context_length": 2048,
+            "bridge_agent": "perf:1:bench"}  # fmt: skip
+
+
+async def _slot(pool: Pool, slot: int, owner: str, requester: str, stop: float, out: dict[str, Any]) -> None:
+    while time.monotonic() < stop:
+        began = time.perf_counter()
+        r = await pool.post("/api/v2/generate/text/async", requester, CREATE)
+        out["create"].append(time.perf_counter() - began)
+        if r.status_code != 202:
+            out["errors"].append(f"create {r.status_code} {r.text[:200]}")
+            await asyncio.sleep(0.05)
+            continue
+        ids: list[str] = []
+        while not ids and time.monotonic() < stop + 10:
+            t = time.perf_counter()
+            r = await pool.post("/api/v2/generate/text/pop", owner, _pop_body(slot))
+            out["pop"].append(time.perf_counter() - t)
+            if r.status_code != 200:
+                out["errors"].append(f"pop {r.status_code} {r.text[:200]}")
+                await asyncio.sleep(0.05)
+                continue
+            ids = r.json().get("ids") or []
+            if not ids:
+                out["empty"] += 1
+                await asyncio.sleep(0.01)
+        for gen_id in ids:
+            t = time.perf_counter()
+            r = await pool.post("/api/v2/generate/text/submit", owner,
+                                {"id": gen_id, "generation": "w" * 60, "state": "ok"})  # fmt: skip
+            out["submit"].append(time.perf_counter() - t)
+            if r.status_code != 200:
+                out["errors"].append(f"submit {r.status_code} {r.text[:200]}")
+                continue
+            if time.monotonic() <= stop:
+                out["cycles"] += 1
+                out["cycle"].append(time.perf_counter() - began)
+
+
+async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: int, seconds: float,
+                   db: str) -> CycleResult:  # fmt: skip
+    pool = Pool(servers, workers)
+    try:
+        for slot in range(workers):  # check every worker in first, so creations find an eligible one
+            await pool.post("/api/v2/generate/text/pop", keys["owners"][slot], _pop_body(slot))
+        out: dict[str, Any] = {"create": [], "pop": [], "submit": [], "cycle": [], "cycles": 0, "empty": 0,
+                               "errors": []}  # fmt: skip
+        pgids = {s.process.pid for s in servers if s.process is not None}
+        cpu0, started = _group_cpu_seconds(pgids), time.monotonic()
+        stop = started + seconds
+        await asyncio.gather(*(_slot(pool, i, keys["owners"][i], keys["registered"][i], stop, out)
+                               for i in range(workers)))  # fmt: skip
+        cpu = _group_cpu_seconds(pgids) - cpu0
+    finally:
+        await pool.close()
+    ms = {k: [v * 1000 for v in out[k]] for k in ("create", "pop", "submit", "cycle")}
+
+    def p(k: str, q: float) -> float:
+        return pct(ms[k], q) if ms[k] else float("nan")
+
+    return CycleResult(
+        db=db, processes=len(servers), workers=workers, seconds=seconds, cycles=out["cycles"],
+        empty_pops=out["empty"], errors=len(out["errors"]), per_second=out["cycles"] / seconds,
+        create_p50=p("create", 0.5), pop_p50=p("pop", 0.5), submit_p50=p("submit", 0.5),
+        cycle_p50=p("cycle", 0.5), cycle_p99=p("cycle", 0.99),
+        server_cpu_ms_per_cycle=(cpu * 1000 / out["cycles"]) if out["cycles"] else None,
+        errors_seen=sorted(set(out["errors"]))[:5],
+    )  # fmt: skip
+
+
+async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[int], seconds: float
+                     ) -> list[CycleResult]:  # fmt: skip
+    """Fresh database, `processes` servers on it, then each worker count in turn."""
+    most = max(worker_counts)
+    with tempfile.TemporaryDirectory(prefix="hl-perf-") as tmp:
+        work = Path(tmp)
+        if db == "postgresql":
+            from sqlalchemy.engine import make_url
+
+            url = make_url(pg_url).set(database=BENCH_PG_DB).render_as_string(hide_password=False)
+            await fresh_postgres(url)
+        else:
+            url = f"sqlite+aiosqlite:///{work / 'cycles.db'}"
+        await asyncio.to_thread(migrate.upgrade, url)
+        engine = make_engine(url)
+        try:
+            keys = await set_up_users(engine, most, most)
+        finally:
+            await engine.dispose()
+        env = server_env(url, RATE_LIMITS_OFF)
+        servers = [Server(i, free_port(), work, env) for i in range(processes)]
+        try:
+            await asyncio.gather(*(s.start() for s in servers))
+            return [await _measure(servers, keys, n, seconds, db) for n in worker_counts]
+        finally:
+            for s in servers:
+                s.stop()
