@@ -31,6 +31,7 @@ import asyncpg
 import msgspec
 from sqlalchemy import delete, insert, select, text
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.clock import ManualClock
 from horde_lite.db import migrate
@@ -228,6 +229,18 @@ def queue_rows(rng: random.Random, now: float, fixture: Fixture, count: int
     return rows, links
 
 
+async def insert_users(session: AsyncSession, users: list[dict[str, Any]], now: float) -> dict[str, int]:
+    """Insert user rows with their opening balances granted through the ledger (so every balance
+    equals its ledger); returns every user's id by name."""
+    await session.execute(insert(User), users)
+    ids = dict((await session.execute(select(User.username, User.id))).all())
+    grants = [{"user_id": ids[u["username"]], "amount": u["kudos"], "kind": "grant", "ref": "bench",
+               "created_at": now} for u in users if u["kudos"]]  # fmt: skip
+    if grants:
+        await session.execute(insert(KudosEvent), grants)
+    return ids
+
+
 async def build(horde: Horde, rng: random.Random, queued: int) -> Fixture:
     """Users, 500 workers over ~50 models, and `queued` waiting requests, bulk-inserted."""
     now = horde.clock.now()
@@ -239,13 +252,7 @@ async def build(horde: Horde, rng: random.Random, queued: int) -> Fixture:
             users.append({"username": f"bench-user-{i}", "api_key_hash": hash_key(f"bench-key-{i}"),
                           "kudos": float(rng.choice([0, 100, 5000, 1_000_000])), "trusted": False,
                           "moderator": False, "anonymous": False, "created_at": now})  # fmt: skip
-        await session.execute(insert(User), users)
-        ids = dict((await session.execute(select(User.username, User.id))).all())
-        await session.execute(
-            insert(KudosEvent),
-            [{"user_id": ids[u["username"]], "amount": u["kudos"], "kind": "grant", "ref": "bench",
-              "created_at": now} for u in users if u["kudos"]],
-        )  # fmt: skip
+        ids = await insert_users(session, users, now)
         owners = [ids[f"bench-user-{i}"] for i in range(OWNERS)]
         requesters = [ids[f"bench-user-{i}"] for i in range(OWNERS, OWNERS + REQUESTERS)]
         fixture = Fixture(names, weights, ids["Anonymous"], requesters)

@@ -36,9 +36,18 @@ import msgspec
 from sqlalchemy import event, insert, select, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from bench.admission import DEFAULT_PG, Fixture, build, fresh_database, horde_for, pct, request_shape
+from bench.admission import (
+    DEFAULT_PG,
+    Fixture,
+    build,
+    fresh_database,
+    horde_for,
+    insert_users,
+    pct,
+    request_shape,
+)
 from bench.perf_cycles import CycleResult, run_cycles
-from horde_lite.db.models import KudosEvent, RequestModel, TextRequest, User
+from horde_lite.db.models import RequestModel, TextRequest
 from horde_lite.lifecycle import dispatch, status
 from horde_lite.lifecycle.admission import request_text
 from horde_lite.lifecycle.context import Caller, Horde
@@ -99,13 +108,7 @@ async def prepare(horde: Horde, fixture: Fixture) -> None:
                   "kudos": 0.0 if i == 0 else float(rng.choice([0, 100, 5000, 1e6])),
                   "trusted": False, "moderator": False, "anonymous": False, "created_at": now}
                  for i in range(CREATORS)]  # fmt: skip
-        await session.execute(insert(User), users)
-        ids = dict((await session.execute(select(User.username, User.id))).all())
-        await session.execute(
-            insert(KudosEvent),
-            [{"user_id": ids[u["username"]], "amount": u["kudos"], "kind": "grant", "ref": "bench",
-              "created_at": now} for u in users if u["kudos"]],
-        )  # fmt: skip
+        await insert_users(session, users, now)
         ids = list((await session.execute(select(TextRequest.id).where(TextRequest.any_model))).scalars())
         await session.execute(
             update(TextRequest).where(TextRequest.any_model).values(any_model=False, models=[top])

@@ -121,7 +121,8 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-async def _truncate_pg(url: str) -> None:
+async def truncate_pg(url: str) -> None:
+    """Empty every table of a migrated PostgreSQL test database (ids restart)."""
     parsed = make_url(url)
     conn = await asyncpg.connect(
         host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
@@ -142,7 +143,7 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
         shutil.copy(request.getfixturevalue("sqlite_template"), path)
         return f"sqlite+aiosqlite:///{path}"
     url = request.getfixturevalue("pg_url")
-    asyncio.run(_truncate_pg(url))
+    asyncio.run(truncate_pg(url))
     return url
 
 

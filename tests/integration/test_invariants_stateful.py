@@ -26,7 +26,6 @@ from itertools import count
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 import pytest
 from anyio.from_thread import BlockingPortal, start_blocking_portal
 from hypothesis import HealthCheck, settings
@@ -39,12 +38,11 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from sqlalchemy import select, update
-from sqlalchemy.engine import make_url
 
 from horde_lite.clock import ManualClock
-from horde_lite.db.models import Base, Generation, TextRequest, User
+from horde_lite.db.models import Generation, TextRequest, User
 from horde_lite.lifecycle import kudos as ledger
-from tests.conftest import is_postgres, make_settings
+from tests.conftest import is_postgres, make_settings, truncate_pg
 from tests.support.chat import CHAT_BLOCK, MODEL, Chat, open_chat
 from tests.support.horde import ANON, HordeClient
 from tests.support.invariants import check
@@ -66,19 +64,6 @@ WORKERS = {  # name -> (owner, pop body)
         {"models": [MODEL], "max_length": 4096, "max_context_length": 8192, "chat": CHAT_BLOCK},
     ),
 }
-
-
-async def _truncate(url: str) -> None:
-    parsed = make_url(url)
-    conn = await asyncpg.connect(
-        host=parsed.host, port=parsed.port or 5432, user=parsed.username, password=parsed.password,
-        database=parsed.database,
-    )  # fmt: skip
-    try:
-        tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
-    finally:
-        await conn.close()
 
 
 # Which of the current requests or jobs a step acts on: an index drawn the same way whatever the
@@ -346,7 +331,7 @@ def test_random_sequences_keep_the_invariants(
 ) -> None:
     def fresh_database() -> str:
         if is_postgres(db_url):
-            asyncio.run(_truncate(db_url))
+            asyncio.run(truncate_pg(db_url))
             return db_url
         path = tmp_path / f"{uuid.uuid4().hex}.db"
         shutil.copy(request.getfixturevalue("sqlite_template"), path)
