@@ -39,6 +39,7 @@ from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import (
     KudosEvent,
     KudosHold,
+    QueueEntry,
     RequestModel,
     TextRequest,
     User,
@@ -49,6 +50,7 @@ from horde_lite.lifecycle import admission
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.estimate import estimate
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
+from horde_lite.lifecycle.queue_index import entry_rows
 from horde_lite.lifecycle.users import ANONYMOUS_KEY, Requester, hash_key
 from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.metrics import Metrics
@@ -264,6 +266,8 @@ async def build(horde: Horde, rng: random.Random, queued: int) -> Fixture:
             await session.execute(insert(TextRequest), rows)
             if links:
                 await session.execute(insert(RequestModel), links)
+            entries = [e for row in rows if row.get("state", "waiting") == "waiting" for e in entry_rows(row)]
+            await session.execute(insert(QueueEntry), entries)
     if horde.engine.dialect.name == "postgresql":
         async with horde.engine.connect() as conn:
             await conn.execute(text("COMMIT"))
@@ -320,6 +324,7 @@ async def forget(horde: Horde, request_id: str) -> None:
     async with horde.sessionmaker() as session, session.begin():
         await session.execute(delete(KudosHold).where(KudosHold.request_id == request_id))
         await session.execute(delete(RequestModel).where(RequestModel.request_id == request_id))
+        await session.execute(delete(QueueEntry).where(QueueEntry.request_id == request_id))
         await session.execute(delete(TextRequest).where(TextRequest.id == request_id))
 
 

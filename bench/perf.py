@@ -47,8 +47,8 @@ from bench.admission import (
     request_shape,
 )
 from bench.perf_cycles import CycleResult, run_cycles
-from horde_lite.db.models import RequestModel, TextRequest
-from horde_lite.lifecycle import dispatch, status
+from horde_lite.db.models import QueueEntry, RequestModel, TextRequest
+from horde_lite.lifecycle import dispatch, queue_index, status
 from horde_lite.lifecycle.admission import request_text
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
@@ -115,6 +115,9 @@ async def prepare(horde: Horde, fixture: Fixture) -> None:
         )
         if ids:
             await session.execute(insert(RequestModel), [{"request_id": i, "model": top} for i in ids])
+            await session.execute(
+                update(QueueEntry).where(QueueEntry.model == queue_index.ANY_MODEL).values(model=top)
+            )
     async with horde.engine.connect() as conn:
         if horde.engine.dialect.name == "postgresql":
             await conn.execute(text("COMMIT"))
@@ -270,15 +273,24 @@ async def plans(horde: BenchHorde, rng: random.Random, fixture: Fixture, path: P
             report.append(f"=== {name}\n{statement}\n-- parameters: {parameters!r}\n\n{plan}\n")
         captured.clear()
 
-    key = "bench-key-0"  # the first "found" probe's owner
-    body = msgspec.convert({"name": "perf-found-0", "models": [fixture.models[0]], "max_length": 8192,
-                            "max_context_length": 32768, "bridge_agent": "perf:1:bench"},
-                           PopInput)  # fmt: skip
+    def pop(kind: str, owner: int, **shape: Any) -> Callable[[], Awaitable[Any]]:
+        body = msgspec.convert({"name": f"perf-{kind}-0", "bridge_agent": "perf:1:bench", **shape}, PopInput)
+        return lambda: dispatch.pop_job(horde, Caller(apikey=f"bench-key-{owner}"), body)
+
+    top, big = fixture.models[0], {"max_length": 8192, "max_context_length": 32768}
+    async with horde.sessionmaker() as session:  # the back of the queue: the longest walk ahead
+        r = TextRequest
+        back = select(r.id).where(r.state == "waiting")
+        back = back.order_by(r.effective_start.desc(), r.created_at.desc())
+        last = (await session.execute(back.limit(1))).scalar_one()
     horde.rollback = True
     try:
-        for label, call in (
-            ("pop (job found)", lambda: dispatch.pop_job(horde, Caller(apikey=key), body)),
+        for label, call in (  # each probe kind's first worker (see `probes`)
+            ("pop (job found)", pop("found", 0, models=[top], **big)),
+            ("pop (nothing found)", pop("none", PROBES, models=[UNSERVED], **big)),
+            ("pop (refused)", pop("refused", 2 * PROBES, models=[top], **{**big, "max_length": 16})),
             ("creation", lambda: request_text(horde, Caller(apikey="perf-key-0"), _plan_request(fixture))),
+            ("status (back of the queue)", lambda: status.read(horde, last)),
         ):
             event.listen(horde.engine.sync_engine, "before_cursor_execute", capture)
 

@@ -80,6 +80,10 @@ class AllowanceSettings(_Table):
     floor: int = 512
     wait_full_seconds: float = 60
     wait_floor_seconds: float = 300
+    # How far ahead the wait estimate counts competing work: past this wait it stops (the curve is
+    # flat there), so creation and status reads cost what the horizon holds, not the whole queue.
+    # Never below wait_floor_seconds.
+    estimate_horizon_seconds: float = 300
 
     def __post_init__(self) -> None:
         if not 0 <= self.floor <= self.ceiling:

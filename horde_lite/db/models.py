@@ -152,7 +152,8 @@ class WorkerModel(Base):
 
 class TextRequest(Base):
     __tablename__ = "text_requests"
-    __table_args__ = (Index("ix_text_requests_queue", "state", "effective_start"),)
+    # The queue order (effective_start, created_at, id) within a state: the order walks follow.
+    __table_args__ = (Index("ix_text_requests_queue", "state", "effective_start", "created_at", "id"),)
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
@@ -209,6 +210,39 @@ class RequestModel(Base):
         ForeignKey("text_requests.id", ondelete="CASCADE"), primary_key=True
     )
     model: Mapped[str] = mapped_column(String(255), primary_key=True, index=True)
+
+
+class QueueEntry(Base):
+    """The queue's index (lifecycle/queue_index.py): one row per waiting request and model it asks
+    for ("" for a request any model serves), in queue order, with the limits a worker must meet.
+    A hint beside the truth: readers judge the request row itself, so a stale entry costs a skipped
+    candidate, never a wrong answer."""
+
+    __tablename__ = "queue_entries"
+    __table_args__ = (
+        # Covering: a walk reads the order and the limits from the index alone.
+        Index(
+            "ix_queue_entries_walk",
+            "model",
+            "effective_start",
+            "created_at",
+            "request_id",
+            "is_chat",
+            "need_length",
+            "need_context",
+        ),
+    )
+
+    request_id: Mapped[str] = mapped_column(
+        ForeignKey("text_requests.id", ondelete="CASCADE"), primary_key=True
+    )
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    effective_start: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[float] = mapped_column(Float)
+    is_chat: Mapped[bool] = mapped_column(Boolean)
+    # Legacy: max_length and max_context_length; chat: max_tokens and prompt + max_tokens.
+    need_length: Mapped[int] = mapped_column(Integer)
+    need_context: Mapped[int] = mapped_column(Integer)
 
 
 class Generation(Base):

@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
 from horde_lite.lifecycle import chat as chat_rules
-from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals
@@ -460,6 +460,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
     row.free_allowance = allowance
     row.allowance_outcome = outcome
+    await queue_index.enter(session, row)
     if outcome == "funded" or requester.shared_key is not None:
         await kudos.place_hold(
             session, requester.user.id, row.id, cost, now,

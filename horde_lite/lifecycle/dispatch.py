@@ -7,11 +7,12 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import case, select
+from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
+from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses, request_offered
 from horde_lite.lifecycle.inputs import PopInput
@@ -29,28 +30,48 @@ class Job:
     ttl: int
 
 
+# Candidates judged per round trip: a page of the worker's part of the queue. Small, since the
+# head of that part is usually takeable; a page wholly refused (by rules the index cannot see:
+# targeting, the speed gate, trust, nsfw) moves the walk on to the next.
+POP_PAGE = 32
+
+_W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
+
+
 async def _candidate(
     session: AsyncSession, horde: Horde, worker: Worker, now: float, *, fake: bool
 ) -> TextRequest | None:
     """The first request this worker may take, in queue order: its owner's and priority users'
-    requests first, then everyone's by effective start (priority ageing without rewrites)."""
+    requests first, then everyone's by effective start (priority ageing without rewrites).
+
+    Both are index-driven: the preferred users' requests through the user index, everyone's by
+    walking the queue's index over the worker's models a page at a time (lifecycle/queue_index.py);
+    each candidate page is judged by the one eligibility check and claimed with SKIP LOCKED."""
     rules = horde.rules(now)
-    w = aliased(Worker, name="w")
     r = TextRequest
-    preferred = [worker.owner_id, *worker.priority_user_ids]
-    query = (
+    judged = (
         select(r)
-        .join(w, w.id == worker.id)
-        .where(*request_offered(r, now), *eligibility_clauses(w, r, rules, ignore_paused=fake))
-        .order_by(case((r.user_id.in_(preferred), 0), else_=1), r.effective_start, r.created_at)
+        .join(_W, _W.id == worker.id)
+        .where(*request_offered(r, now), *eligibility_clauses(_W, r, rules, ignore_paused=fake))
+        .order_by(r.effective_start, r.created_at, r.id)
         .limit(1)
     )
     if fake:
         # A paused worker's job is a copy from other users' requests; nothing is claimed.
-        query = query.where(r.user_id != worker.owner_id)
+        judged = judged.where(r.user_id != worker.owner_id)
     else:
-        query = query.with_for_update(of=r, skip_locked=True)
-    return (await session.execute(query)).scalars().first()
+        judged = judged.with_for_update(of=r, skip_locked=True)
+    preferred = [worker.owner_id, *worker.priority_user_ids]
+    found = (await session.execute(judged.where(r.user_id.in_(preferred)))).scalars().first()
+    if found is not None or worker.maintenance:
+        return found  # a worker in maintenance takes only its owner's requests
+    async for ids in queue_index.walk(
+        session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker)
+    ):
+        found = (await session.execute(judged.where(r.id.in_(ids)))).scalars().first()
+        if found is not None:
+            return found
+    return None
 
 
 def _job_model(request: TextRequest, worker: Worker) -> str:

@@ -8,7 +8,9 @@ halves come from the selected policy.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy import and_, exists, func, not_, or_, select, true
 from sqlalchemy.orm import aliased
@@ -33,9 +35,11 @@ class Rules:
     slow_speed: float
     generation_window: float
     gate: SpeedGate
+    horizon_seconds: float = 300.0  # the wait estimate's horizon ([allowance])
 
     @classmethod
     def from_settings(cls, settings: Settings, gate: SpeedGate, now: float) -> Rules:
+        allowance = settings.allowance
         return cls(
             now=now,
             online_seconds=settings.worker.online_seconds,
@@ -43,6 +47,7 @@ class Rules:
             slow_speed=settings.worker.slow_tokens_per_second,
             generation_window=settings.lease.generation_window_seconds,
             gate=gate,
+            horizon_seconds=max(allowance.estimate_horizon_seconds, allowance.wait_floor_seconds),
         )
 
     @property
@@ -252,15 +257,15 @@ def can_generate_with_eligibility_inputs(gate: SpeedGate, inputs: GateInputs) ->
     return gate.can_generate_with_eligibility_inputs(inputs)
 
 
-def is_eligible(w: WorkerFacts, r: RequestFacts, fleet: list[WorkerFacts], rules: Rules) -> bool:
-    """The Python twin of `eligibility_clauses` (gate included); `fleet` is every known worker."""
+def admits(w: WorkerFacts, r: RequestFacts, rules: Rules) -> bool:
+    """Every rule of `eligibility_clauses` but the speed gate."""
     speed = w.lease_speed if w.lease_speed is not None else rules.assumed_speed
     limits = (
         _chat_limits(w, r)
         if r.is_chat
         else (w.max_length >= r.max_length and w.max_context_length >= r.max_context_length)
     )
-    if not (
+    return (
         w.last_check_in >= rules.online_since
         and not w.paused
         and (not w.maintenance or r.user_id == w.owner_id)
@@ -269,12 +274,74 @@ def is_eligible(w: WorkerFacts, r: RequestFacts, fleet: list[WorkerFacts], rules
         and _targeting(w, r)
         and (r.slow_workers or speed >= rules.slow_speed)
         and (not r.nsfw or w.nsfw)
-    ):
-        return False
+    )
+
+
+def gate_passes(w: WorkerFacts, r: RequestFacts, rules: Rules, capable_worker_online: bool) -> bool:
     inputs = GateInputs(
         is_chat=r.is_chat,
         max_length=r.max_length,
         capacity=w.capacity,
-        capable_worker_online=any(is_capable(c, r, rules) for c in fleet),
+        capable_worker_online=capable_worker_online,
     )
     return can_generate_with_eligibility_inputs(rules.gate, inputs)
+
+
+def is_eligible(w: WorkerFacts, r: RequestFacts, fleet: list[WorkerFacts], rules: Rules) -> bool:
+    """The Python twin of `eligibility_clauses` (gate included); `fleet` is every known worker."""
+    if not admits(w, r, rules):
+        return False
+    return gate_passes(w, r, rules, any(is_capable(c, r, rules) for c in fleet))
+
+
+# Row columns, for readers that judge rows in Python (the wait estimate).
+WORKER_FACT_COLUMNS = tuple(WorkerFacts.__slots__)
+REQUEST_FACT_COLUMNS = (
+    "user_id", "is_chat", "max_length", "max_context_length", "prompt_tokens", "models", "any_model",
+    "required_features", "required_transports", "targeted", "worker_allow", "worker_deny",
+    "trusted_workers", "slow_workers", "nsfw", "failed_workers",
+)  # fmt: skip
+# Of those, the JSON lists, which a bulk reader may select as text (`cast(column, Text)`).
+REQUEST_FACT_JSON = frozenset(
+    ("models", "required_features", "required_transports", "worker_allow", "worker_deny", "failed_workers")
+)
+
+
+def worker_facts(row: Any) -> WorkerFacts:
+    """A worker row (read with WORKER_FACT_COLUMNS) as facts."""
+    values = {name: getattr(row, name) for name in WORKER_FACT_COLUMNS}
+    for name in ("models", "chat_features", "chat_image_transports"):
+        values[name] = frozenset(values[name] or ())
+    return WorkerFacts(**values)
+
+
+_NONE: frozenset[str] = frozenset()
+
+
+def _set(value: Any) -> frozenset[str]:
+    """A JSON list column as a set; read as text (see `REQUEST_FACT_JSON`), an empty list is not
+    parsed at all: most rows hold several, and decoding them was most of a page's cost."""
+    if isinstance(value, str):
+        return _NONE if value in ("[]", "") else frozenset(json.loads(value))
+    return frozenset(value) if value else _NONE
+
+
+def request_facts(row: Any) -> RequestFacts:
+    """A request row (read with REQUEST_FACT_COLUMNS) as facts, the way the SQL clauses read it: a
+    request with no models takes any worker; an allow-list counts only when the request is targeted."""
+    return RequestFacts(
+        user_id=row.user_id,
+        is_chat=row.is_chat,
+        max_length=row.max_length,
+        max_context_length=row.max_context_length,
+        prompt_tokens=row.prompt_tokens,
+        models=_NONE if row.any_model else _set(row.models),
+        required_features=_set(row.required_features),
+        required_transports=_set(row.required_transports),
+        worker_allow=_set(row.worker_allow) if row.targeted else _NONE,
+        worker_deny=_set(row.worker_deny),
+        trusted_workers=row.trusted_workers,
+        slow_workers=row.slow_workers,
+        nsfw=row.nsfw,
+        failed_workers=_set(row.failed_workers),
+    )

@@ -8,20 +8,27 @@ competing work / the eligible workers' combined lease speed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from types import SimpleNamespace
-from typing import Any
 
-from sqlalchemy import and_, bindparam, case, exists, false, func, not_, or_, select, true
+from sqlalchemy import Text, and_, cast, false, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
-from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import RequestModel, TextRequest, Worker
+from horde_lite.db.models import TextRequest, Worker
+from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.eligibility import (
+    REQUEST_FACT_COLUMNS,
+    REQUEST_FACT_JSON,
+    WORKER_FACT_COLUMNS,
+    RequestFacts,
     Rules,
+    WorkerFacts,
+    admits,
     capable_worker_online,
     eligibility_clauses,
+    gate_passes,
+    request_facts,
     request_offered,
+    worker_facts,
     worker_speed,
 )
 
@@ -51,16 +58,23 @@ class Estimate:
         return int((self.competing_work + self.own_remaining) / self.eligible_speed)
 
 
-async def estimate(session: AsyncSession, request_id: str, rules: Rules) -> Estimate:
-    """Three short queries, each bounded by the fleet or by the requests that share a worker with
-    R, so creation stays cheap with a long queue (bench/admission.py measures it):
+# Queued requests judged per round trip while walking the queue ahead of R.
+ESTIMATE_PAGE = 200
+
+
+async def estimate(
+    session: AsyncSession, request_id: str, rules: Rules, *, page: int = ESTIMATE_PAGE
+) -> Estimate:
+    """Short queries, each bounded by the fleet or by what the horizon holds, so creation and
+    status reads stay cheap with a long queue (bench/perf.py measures them):
 
     1. R's own output, its queue key, and whether a capable worker for R is online (asked once).
     2. R's eligible workers: the eligibility check for every online worker against R.
-    3. The competing work: offered requests ahead of R that one of those workers could take, by
-       the same check. A request for none of their models is skipped through the model index
-       before any pair is judged, and "is a capable worker for q online" is asked only for a q
-       whose answer depends on it, at most once per q (see `_takeable`).
+    3. The competing work: walking the queue ahead of R in order, through the queue's index over
+       the eligible workers' models (lifecycle/queue_index.py), a page at a time, each page's
+       rows judged in Python by the check's twin (one of those workers could take q; see
+       `_Judge`). The walk stops at R, or once the work counted would keep those workers busy for
+       the horizon (`[allowance] estimate_horizon_seconds`): a longer wait changes no allowance.
     """
     r = _R
     head = (
@@ -76,7 +90,7 @@ async def estimate(session: AsyncSession, request_id: str, rules: Rules) -> Esti
     w = _W
     workers = (
         await session.execute(
-            select(w.id, w.threads, worker_speed(w, rules), w.models)
+            select(w.threads, worker_speed(w, rules), *(getattr(w, c) for c in WORKER_FACT_COLUMNS))
             .select_from(r)
             .join(w, and_(*eligibility_clauses(w, r, rules, capable=true() if capable else false())))
             .where(r.id == request_id)
@@ -84,80 +98,120 @@ async def estimate(session: AsyncSession, request_id: str, rules: Rules) -> Esti
     ).all()
     if not workers:
         return Estimate(0, 0, 0.0, 0, 0, 0, int(own or 0))
-    ids = [row[0] for row in workers]
-    threads = sum(int(row[1]) for row in workers)
-    speed = sum(float(row[2]) for row in workers)
-    models = sorted({m for row in workers for m in (row[3] or [])})
-    q = _Q
-    competing = select(
-        func.coalesce(func.sum(q.max_length * q.n_remaining), 0),
-        func.coalesce(func.sum(q.n_remaining), 0),
-        func.count(q.id),
-    ).where(
-        *request_offered(q, rules.now),
-        q.id != request_id,
-        or_(q.effective_start < start, and_(q.effective_start == start, q.created_at < created)),
-        # Implied by the check below (a shared worker serves one of q's models); lets the planner
-        # start from the model index instead of the whole queue.
-        or_(q.any_model, q.id.in_(select(RequestModel.request_id).where(RequestModel.model.in_(models)))),
-        _takeable(q, rules),
+    threads = sum(int(row[0]) for row in workers)
+    speed = sum(float(row[1]) for row in workers)
+    eligible = [worker_facts(row) for row in workers]
+    judge = _Judge(rules, eligible)
+    horizon = speed * rules.horizon_seconds
+    work = jobs = requests = 0
+    walk = queue_index.walk(
+        session,
+        sorted(judge.by_model),
+        size=page,
+        limits=_widest(eligible),
+        before=queue_index.Position(start, created, request_id),
     )
-    work, jobs, requests = (await session.execute(competing, {"eligible_ids": ids})).one()
-    return Estimate(len(ids), threads, speed, int(work), int(jobs), int(requests), int(own or 0))
+    q = TextRequest
+    async for page_ids in walk:
+        rows = (
+            await session.execute(
+                select(q.id, q.n_remaining, *_FACT_COLUMNS).where(
+                    q.id.in_(page_ids), *request_offered(q, rules.now)
+                )
+            )
+        ).all()
+        verdicts = {row.id: judge.takeable(request_facts(row)) for row in rows}
+        undecided = [rid for rid, verdict in verdicts.items() if isinstance(verdict, tuple)]
+        if undecided:  # "is a capable worker for q online", asked once for the page
+            capable_for = set(
+                (
+                    await session.execute(
+                        select(q.id).where(q.id.in_(undecided), capable_worker_online(q, rules))
+                    )
+                )
+                .scalars()
+                .all()
+            )
+            for rid in undecided:
+                a, b = verdicts[rid]  # type: ignore[misc]
+                verdicts[rid] = a if rid in capable_for else b
+        for row in rows:
+            if verdicts[row.id]:
+                work += row.max_length * row.n_remaining
+                jobs += row.n_remaining
+                requests += 1
+        if work >= horizon:
+            break
+    return Estimate(len(eligible), threads, speed, work, jobs, requests, int(own or 0))
 
 
-def _row(selectable: Any) -> Any:
-    """A selectable's columns as attributes, the way the eligibility clauses read a row. Cheaper
-    to build on than an ORM alias of a CTE, which adapts every column it is asked for."""
-    return SimpleNamespace(**{c.key: c for c in selectable.c})
+class _Judge:
+    """Could one of R's eligible workers take q: the Python twin of `eligibility_clauses(ew, q)`
+    for some ew of them (property-tested to agree with the SQL clauses), over the workers that
+    serve one of q's models.
+
+    The speed gate reads "is a capable worker for q online" (c), a question over the whole fleet.
+    Each q is judged twice with c given, A = some worker passes with c true, B = with c false;
+    only when they differ is c needed: the verdict is then the pair (A, B), and the caller asks
+    c for the page's undecided requests in one query."""
+
+    def __init__(self, rules: Rules, eligible: list[WorkerFacts]) -> None:
+        self.rules = rules
+        self.eligible = eligible
+        self.by_model: dict[str, list[WorkerFacts]] = {}
+        for w in eligible:
+            for m in w.models:
+                self.by_model.setdefault(m, []).append(w)
+
+    def _serving(self, q: RequestFacts) -> list[WorkerFacts]:
+        if not q.models:
+            return self.eligible
+        if len(q.models) == 1:
+            return self.by_model.get(next(iter(q.models)), [])
+        seen: dict[str, WorkerFacts] = {}
+        for m in q.models:
+            for w in self.by_model.get(m, []):
+                seen.setdefault(w.id, w)
+        return list(seen.values())
+
+    def takeable(self, q: RequestFacts) -> bool | tuple[bool, bool]:
+        rules = self.rules
+        a = b = False
+        for w in self._serving(q):
+            if not admits(w, q, rules):
+                continue
+            a = a or gate_passes(w, q, rules, True)
+            b = b or gate_passes(w, q, rules, False)
+            if a and b:
+                return True
+        return a if a == b else (a, b)
 
 
-# Aliases are built once (building one and its column collection costs about a millisecond, and
-# an estimate used eight); each appears once per statement, so reusing them is safe.
+def _widest(workers: list[WorkerFacts]) -> queue_index.Limits:
+    """The largest lengths any of R's eligible workers accepts: a queued request beyond all of
+    them is no competition, and the walk skips it inside the index."""
+    chat = [
+        w
+        for w in workers
+        if w.chat_max_completion_tokens is not None and w.chat_max_context_tokens is not None
+    ]
+    return queue_index.Limits(
+        max_length=max(w.max_length for w in workers),
+        max_context_length=max(w.max_context_length for w in workers),
+        chat_max_completion_tokens=max((w.chat_max_completion_tokens or 0 for w in chat), default=None),
+        chat_max_context_tokens=max((w.chat_max_context_tokens or 0 for w in chat), default=None),
+    )
+
+
+# The request columns the judge reads, the JSON lists as text (parsed only when not empty).
+_FACT_COLUMNS = tuple(
+    cast(getattr(TextRequest, c), Text).label(c) if c in REQUEST_FACT_JSON else getattr(TextRequest, c)
+    for c in REQUEST_FACT_COLUMNS
+)
+
+# Aliases are built once (building one and its column collection costs about a millisecond).
 _R = aliased(TextRequest, name="r")
 _W = aliased(Worker, name="w")
-_Q = aliased(TextRequest, name="q")
-
-
-# R's eligible workers, copied once per estimate into a small CTE that each request's pair test
-# scans instead of the whole workers table; the ids are bound at execution (`eligible_ids`).
-_WORKER_COLUMNS = (
-    "id", "owner_id", "last_check_in", "paused", "maintenance", "models", "max_length",
-    "max_context_length", "chat_max_completion_tokens", "chat_max_context_tokens", "chat_features",
-    "chat_image_transports", "trusted", "lease_speed", "nsfw", "capacity",
-)  # fmt: skip
-_ELIGIBLE = (
-    select(*(Worker.__table__.c[name] for name in _WORKER_COLUMNS))
-    .where(Worker.__table__.c.id.in_(bindparam("eligible_ids", expanding=True)))
-    .cte("eligible_workers")
-)
-_EW_CAPABLE = _ELIGIBLE.alias("ew_capable_online")
-_EW_NONE_CAPABLE = _ELIGIBLE.alias("ew_none_capable")
-
-
-def _some_worker(alias: Any, q: Any, rules: Rules, capable: ColumnElement[bool]) -> ColumnElement[bool]:
-    """Some worker of R's eligible ones (the CTE) passes `eligibility_clauses` for q."""
-    return exists(
-        select(1)
-        .select_from(alias)
-        .where(*eligibility_clauses(_row(alias), q, rules, capable=capable))
-        .correlate_except(alias)
-    )
-
-
-def _takeable(q: Any, rules: Rules) -> ColumnElement[bool]:
-    """Could one of R's eligible workers take q: `eligibility_clauses(ew, q)` for some ew of them.
-
-    The speed gate reads "is a capable worker for q online" (c), a subquery over the fleet. Asked
-    inside the pair test it would run once per pair; instead the pair test runs twice with c given,
-    A = some worker passes with c true, B = some worker passes with c false, and
-    takeable = c ? A : B = CASE WHEN A THEN (B OR c) ELSE (B AND NOT c) END,
-    which asks c only when A and B differ, and then once. Any gate policy gives the same answer.
-    """
-    a = _some_worker(_EW_CAPABLE, q, rules, true())
-    b = _some_worker(_EW_NONE_CAPABLE, q, rules, false())
-    c = capable_worker_online(q, rules)
-    return case((a, or_(b, c)), else_=and_(b, not_(c)))
 
 
 async def horde_totals(session: AsyncSession, rules: Rules) -> tuple[int, int]:

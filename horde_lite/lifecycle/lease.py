@@ -12,7 +12,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
-from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
 from horde_lite.lifecycle.users import authenticate_user
@@ -98,6 +98,7 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
         await kudos.release_hold(session, request_id)
         await session.execute(delete(Generation).where(Generation.request_id == request_id))
         await session.execute(delete(RequestModel).where(RequestModel.request_id == request_id))
+        await queue_index.leave(session, request_id)
         await session.execute(delete(TextRequest).where(TextRequest.id == request_id))
         horde.notifier.on_commit(session, request_id)
         removed += 1

@@ -7,7 +7,7 @@ from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
-from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.policies.protocols import Outcome
 
@@ -32,6 +32,7 @@ async def maybe_finish(session: AsyncSession, request: TextRequest) -> None:
         return
     if request.state == "waiting":
         request.state = "done"
+        await queue_index.leave(session, request.id)
     await kudos.release_hold(session, request.id)
 
 
@@ -52,6 +53,7 @@ async def give_back(
     if len(request.failed_workers) > horde.settings.request.max_failures:
         request.state = "faulted"
         request.n_remaining = 0
+        await queue_index.leave(session, request.id)
         await maybe_finish(session, request)
         return
     request.n_remaining += 1

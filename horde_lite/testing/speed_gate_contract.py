@@ -53,7 +53,7 @@ from sqlalchemy import func, insert, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import aliased
 
-from horde_lite.db.models import RequestModel, TextRequest, User, Worker, WorkerModel
+from horde_lite.db.models import QueueEntry, RequestModel, TextRequest, User, Worker, WorkerModel
 from horde_lite.lifecycle.eligibility import (
     RequestFacts,
     Rules,
@@ -64,6 +64,7 @@ from horde_lite.lifecycle.eligibility import (
     is_eligible,
     text_wp_speed_gate_clause,
 )
+from horde_lite.lifecycle.queue_index import entry_rows
 from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.policies.protocols import GateInputs, SpeedGate
 from horde_lite.settings import Settings
@@ -333,6 +334,8 @@ async def _write(conn: AsyncConnection, example: Example) -> None:
     wanted = [{"request_id": rid, "model": m} for rid, r in example.requests for m in sorted(r.models)]
     if wanted:
         await conn.execute(insert(RequestModel), wanted)
+    entries = [e for rid, r in example.requests for e in entry_rows(_request_row(rid, r))]
+    await conn.execute(insert(QueueEntry), entries)
 
 
 async def _pairs(conn: AsyncConnection, *where: Any) -> set[tuple[str, str]]:

@@ -1,0 +1,153 @@
+"""The queue's index (docs/explanation/dispatch.md, "Walking the queue"): entries enter with a
+waiting request and leave when it stops waiting; the pop walks past pages its rules refuse and
+skips lengths inside the index; the wait estimate stops at its horizon."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from litestar.testing import AsyncTestClient
+from sqlalchemy import text
+
+from horde_lite.app import create_app
+from horde_lite.clock import ManualClock
+from horde_lite.lifecycle import dispatch
+from horde_lite.lifecycle.estimate import estimate
+from tests.conftest import make_settings
+from tests.support.horde import ANON, HordeClient
+
+
+async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
+    async with client.horde.sessionmaker() as session:
+        return list((await session.execute(text(sql), params)).all())
+
+
+async def _entries(client: HordeClient, request_id: str) -> list[tuple[str, int, int, bool]]:
+    rows = await _rows(
+        client,
+        "SELECT model, need_length, need_context, is_chat FROM queue_entries WHERE request_id = :r "
+        "ORDER BY model",
+        r=request_id,
+    )
+    return [(m, int(a), int(b), bool(c)) for m, a, b, c in rows]
+
+
+async def test_entries_follow_the_request(client: HordeClient) -> None:
+    key = await client.user("owner")
+    both = await client.create(
+        ANON, models=["b-7B", "a-7B"], params={"max_length": 64, "max_context_length": 1024}
+    )
+    client.clock.advance(1)  # queue order: `both` first
+    anywhere = await client.create(ANON, params={"max_length": 32, "max_context_length": 512})
+    both_id, any_id = both.json()["id"], anywhere.json()["id"]
+    # One entry per model asked for; "" for a request any model serves; the lengths a worker needs.
+    assert await _entries(client, both_id) == [("a-7B", 64, 1024, False), ("b-7B", 64, 1024, False)]
+    assert await _entries(client, any_id) == [("", 32, 512, False)]
+
+    # Cancelled: it leaves at once, although its running job goes on.
+    job = (await client.pop(key, "w1", models=["a-7B"], max_length=512, max_context_length=2048)).json()
+    assert job["id"] is not None
+    await client.cancel(both_id)
+    assert await _entries(client, both_id) == []
+
+    # Done: it leaves when its last job is submitted.
+    job = (await client.pop(key, "w1", models=["a-7B"], max_length=512, max_context_length=2048)).json()
+    assert job["id"] is not None
+    assert job["model"] == "a-7B"
+    assert await _entries(client, any_id) == [("", 32, 512, False)]  # handed out, not yet done
+    assert (await client.submit(key, job["id"])).status_code == 200
+    assert await _entries(client, any_id) == []
+
+
+async def test_a_chat_entry_needs_the_prompt_and_the_reply(client: HordeClient) -> None:
+    chat = {"messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 40}
+    response = await client.create(ANON, models=["c-7B"], chat=chat)
+    assert response.status_code == 202, response.text
+    [(model, need_length, need_context, is_chat)] = await _entries(client, response.json()["id"])
+    [(prompt_tokens,)] = await _rows(client, "SELECT prompt_tokens FROM text_requests")
+    assert (model, need_length, is_chat) == ("c-7B", 40, True)
+    assert need_context == prompt_tokens + 40
+    assert prompt_tokens > 0
+
+
+async def test_faulted_and_expired_requests_leave(client: HordeClient) -> None:
+    keys = [await client.user(f"owner{i}") for i in range(4)]
+    faulted = (await client.create(ANON, models=["f-7B"], params={"max_length": 16})).json()["id"]
+    for i, key in enumerate(keys[:3]):  # more than max_failures (2) distinct workers fail it
+        job = (await client.pop(key, f"w{i}", models=["f-7B"])).json()
+        assert job["id"] is not None
+        assert (await client.submit(key, job["id"], state="faulted")).status_code == 200
+    [(state,)] = await _rows(client, "SELECT state FROM text_requests WHERE id = :r", r=faulted)
+    assert state == "faulted"
+    assert await _entries(client, faulted) == []
+
+    stale = (await client.create(ANON, models=["e-7B"], params={"max_length": 16})).json()["id"]
+    client.clock.advance(client.horde.settings.request.expiry_seconds + 1)
+    await client.sweep()
+    assert await _rows(client, "SELECT count(*) FROM queue_entries WHERE request_id = :r", r=stale) == [(0,)]
+
+
+async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient) -> None:
+    """More than a page of requests ahead that the worker's lengths allow but another rule refuses
+    (trusted workers only): the pop pages on and finds the one behind them."""
+    key = await client.user("owner")
+    # A rich requester's requests are ahead in the queue (effective start by priority).
+    rich = await client.user("rich", kudos=1_000_000)
+    for _ in range(dispatch.POP_PAGE + 3):
+        response = await client.create(rich, models=["p-7B"], trusted_workers=True, params={"max_length": 16})
+        assert response.status_code == 202, response.text
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
+    job = (await client.pop(key, "untrusted", models=["p-7B"])).json()
+    assert job["id"] is not None
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert request_id == wanted
+
+
+async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> None:
+    """A request longer than the worker accepts is never a candidate; one that fits behind it is."""
+    key = await client.user("owner")
+    rich = await client.user("rich", kudos=1_000_000)
+    await client.create(rich, models=["l-7B"], params={"max_length": 1024, "max_context_length": 2048})
+    client.clock.advance(1)
+    small = (await client.create(ANON, models=["l-7B"], params={"max_length": 64})).json()["id"]
+    job = (await client.pop(key, "small", models=["l-7B"], max_length=128, max_context_length=2048)).json()
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert request_id == small
+    assert (await client.pop(key, "small", models=["l-7B"], max_length=128)).json()["id"] is None
+
+
+@pytest.fixture
+async def short_horizon(db_url: str) -> Any:
+    """A horde whose estimate stops after 2 s of work (the allowance curve ends at 2 s)."""
+    allowance = {"wait_full_seconds": 1, "wait_floor_seconds": 2, "estimate_horizon_seconds": 2}
+    app = create_app(make_settings(db_url, allowance=allowance), ManualClock(), run_sweeper=False)
+    async with AsyncTestClient(app=app, timeout=30) as http:
+        yield HordeClient(http, app.state.horde)
+
+
+async def test_the_estimate_stops_at_its_horizon(short_horizon: HordeClient) -> None:
+    client = short_horizon
+    key = await client.user("owner")
+    rich = await client.user("rich", kudos=1_000_000)
+    # One unmeasured worker (the assumed speed): 2 s of work is a few tokens; each request is 100.
+    assert (await client.pop(key, "w", models=["h-7B"])).json()["id"] is None
+    for _ in range(5):
+        await client.create(rich, models=["h-7B"], params={"max_length": 100})
+    client.clock.advance(1)
+    mine = (await client.create(ANON, models=["h-7B"], params={"max_length": 100})).json()["id"]
+    horde = client.horde
+    async with horde.sessionmaker() as session:
+        rules = horde.rules(horde.clock.now())
+        stopped = await estimate(session, mine, rules, page=2)
+        whole = await estimate(session, mine, rules, page=10)
+        far = await estimate(session, mine, replace(rules, horizon_seconds=10**6), page=2)
+    # The walk stops after the first page that reaches the horizon; a walk of one page, or a
+    # horizon past the queue, counts every request ahead.
+    assert (stopped.competing_requests, stopped.competing_work) == (2, 200)
+    assert (whole.competing_requests, whole.competing_work) == (5, 500)
+    assert (far.competing_requests, far.competing_work) == (5, 500)
+    assert stopped.estimated_wait is not None
+    assert stopped.estimated_wait >= rules.horizon_seconds
