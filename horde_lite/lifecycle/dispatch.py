@@ -65,10 +65,10 @@ async def _candidate(
     found = (await session.execute(judged.where(r.user_id.in_(preferred)))).scalars().first()
     if found is not None or worker.maintenance:
         return found  # a worker in maintenance takes only its owner's requests
-    async for ids in queue_index.walk(
+    async for rows in queue_index.walk(
         session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker)
     ):
-        found = (await session.execute(judged.where(r.id.in_(ids)))).scalars().first()
+        found = (await session.execute(judged.where(r.id.in_([row[0] for row in rows])))).scalars().first()
         if found is not None:
             return found
     return None
@@ -200,7 +200,10 @@ async def skipped_reasons(session: AsyncSession, horde: Horde, worker: Worker) -
     r = TextRequest
     rows = (
         await session.execute(
-            select(r.max_length, r.max_context_length, r.is_chat).where(*request_offered(r, now)).limit(200)
+            select(r.max_length, r.max_context_length, r.is_chat)
+            .where(*request_offered(r, now))
+            .order_by(r.effective_start, r.created_at, r.id)  # the head of the queue, through its index
+            .limit(200)
         )
     ).all()
     skipped: dict[str, int] = {}

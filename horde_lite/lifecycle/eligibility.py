@@ -8,6 +8,7 @@ halves come from the selected policy.
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any
@@ -296,6 +297,7 @@ def is_eligible(w: WorkerFacts, r: RequestFacts, fleet: list[WorkerFacts], rules
 
 # Row columns, for readers that judge rows in Python (the wait estimate).
 WORKER_FACT_COLUMNS = tuple(WorkerFacts.__slots__)
+WORKER_FACT_JSON = frozenset(("models", "chat_features", "chat_image_transports"))
 REQUEST_FACT_COLUMNS = (
     "user_id", "is_chat", "max_length", "max_context_length", "prompt_tokens", "models", "any_model",
     "required_features", "required_transports", "targeted", "worker_allow", "worker_deny",
@@ -310,8 +312,8 @@ REQUEST_FACT_JSON = frozenset(
 def worker_facts(row: Any) -> WorkerFacts:
     """A worker row (read with WORKER_FACT_COLUMNS) as facts."""
     values = {name: getattr(row, name) for name in WORKER_FACT_COLUMNS}
-    for name in ("models", "chat_features", "chat_image_transports"):
-        values[name] = frozenset(values[name] or ())
+    for name in WORKER_FACT_JSON:
+        values[name] = _set(values[name])
     return WorkerFacts(**values)
 
 
@@ -319,11 +321,17 @@ _NONE: frozenset[str] = frozenset()
 
 
 def _set(value: Any) -> frozenset[str]:
-    """A JSON list column as a set; read as text (see `REQUEST_FACT_JSON`), an empty list is not
-    parsed at all: most rows hold several, and decoding them was most of a page's cost."""
+    """A JSON list column as a set. Read as text (see `REQUEST_FACT_JSON`), an empty list is not
+    parsed at all and the same list (a model name) is parsed once: most rows hold several lists,
+    mostly empty, and decoding them was most of the estimate's cost per request."""
     if isinstance(value, str):
-        return _NONE if value in ("[]", "") else frozenset(json.loads(value))
+        return _NONE if value in ("[]", "") else _parsed(value)
     return frozenset(value) if value else _NONE
+
+
+@functools.lru_cache(maxsize=4096)
+def _parsed(text: str) -> frozenset[str]:
+    return frozenset(json.loads(text))
 
 
 def request_facts(row: Any) -> RequestFacts:

@@ -8,6 +8,7 @@ competing work / the eligible workers' combined lease speed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import Text, and_, cast, false, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -19,6 +20,7 @@ from horde_lite.lifecycle.eligibility import (
     REQUEST_FACT_COLUMNS,
     REQUEST_FACT_JSON,
     WORKER_FACT_COLUMNS,
+    WORKER_FACT_JSON,
     RequestFacts,
     Rules,
     WorkerFacts,
@@ -90,7 +92,7 @@ async def estimate(
     w = _W
     workers = (
         await session.execute(
-            select(w.threads, worker_speed(w, rules), *(getattr(w, c) for c in WORKER_FACT_COLUMNS))
+            select(w.threads, worker_speed(w, rules), *_WORKER_FACTS)
             .select_from(r)
             .join(w, and_(*eligibility_clauses(w, r, rules, capable=true() if capable else false())))
             .where(r.id == request_id)
@@ -102,6 +104,7 @@ async def estimate(
     speed = sum(float(row[1]) for row in workers)
     eligible = [worker_facts(row) for row in workers]
     judge = _Judge(rules, eligible)
+    q = TextRequest
     horizon = speed * rules.horizon_seconds
     work = jobs = requests = 0
     walk = queue_index.walk(
@@ -110,17 +113,11 @@ async def estimate(
         size=page,
         limits=_widest(eligible),
         before=queue_index.Position(start, created, request_id),
+        columns=(and_(*request_offered(q, rules.now)).label("offered"), q.n_remaining, *_FACT_COLUMNS),
     )
-    q = TextRequest
-    async for page_ids in walk:
-        rows = (
-            await session.execute(
-                select(q.id, q.n_remaining, *_FACT_COLUMNS).where(
-                    q.id.in_(page_ids), *request_offered(q, rules.now)
-                )
-            )
-        ).all()
-        verdicts = {row.id: judge.takeable(request_facts(row)) for row in rows}
+    async for rows in walk:
+        rows = [row for row in rows if row.offered]
+        verdicts = {row[0]: judge.takeable(request_facts(row)) for row in rows}
         undecided = [rid for rid, verdict in verdicts.items() if isinstance(verdict, tuple)]
         if undecided:  # "is a capable worker for q online", asked once for the page
             capable_for = set(
@@ -136,7 +133,7 @@ async def estimate(
                 a, b = verdicts[rid]  # type: ignore[misc]
                 verdicts[rid] = a if rid in capable_for else b
         for row in rows:
-            if verdicts[row.id]:
+            if verdicts[row[0]]:
                 work += row.max_length * row.n_remaining
                 jobs += row.n_remaining
                 requests += 1
@@ -203,15 +200,18 @@ def _widest(workers: list[WorkerFacts]) -> queue_index.Limits:
     )
 
 
-# The request columns the judge reads, the JSON lists as text (parsed only when not empty).
-_FACT_COLUMNS = tuple(
-    cast(getattr(TextRequest, c), Text).label(c) if c in REQUEST_FACT_JSON else getattr(TextRequest, c)
-    for c in REQUEST_FACT_COLUMNS
-)
-
 # Aliases are built once (building one and its column collection costs about a millisecond).
 _R = aliased(TextRequest, name="r")
 _W = aliased(Worker, name="w")
+
+
+def _columns(entity: Any, names: tuple[str, ...], json: frozenset[str]) -> tuple[Any, ...]:
+    """The columns the judge reads, its JSON lists as text (parsed only when not empty)."""
+    return tuple(cast(getattr(entity, c), Text).label(c) if c in json else getattr(entity, c) for c in names)
+
+
+_WORKER_FACTS = _columns(_W, WORKER_FACT_COLUMNS, WORKER_FACT_JSON)
+_FACT_COLUMNS = _columns(TextRequest, REQUEST_FACT_COLUMNS, REQUEST_FACT_JSON)
 
 
 async def horde_totals(session: AsyncSession, rules: Rules) -> tuple[int, int]:

@@ -170,16 +170,27 @@ async def walk(
     size: int,
     limits: Limits | None = None,
     before: Position | None = None,
-) -> AsyncIterator[list[str]]:
-    """Pages of request ids in queue order (see `page`), until the walk runs out; the caller stops
-    early when it has what it needs."""
+    columns: Sequence[Any] = (),
+) -> AsyncIterator[list[Any]]:
+    """Pages of the walk in queue order (see `page`), until it runs out; the caller stops early
+    when it has what it needs. Each page is a list of rows, one per request (first appearance):
+    `(request_id, effective_start, created_at, *columns)`, the `columns` (of TextRequest) read in
+    the same statement through the primary key; a request gone since its entry was read has them
+    all NULL."""
     after: Position | None = None
     while True:
-        query = page(models, size=size, limits=limits, after=after, before=before)
-        rows = (await session.execute(query)).all()
+        walked = page(models, size=size, limits=limits, after=after, before=before).subquery("page")
+        query = select(walked.c.request_id, walked.c.effective_start, walked.c.created_at, *columns)
+        if columns:
+            query = query.select_from(walked).outerjoin(TextRequest, TextRequest.id == walked.c.request_id)
+        order = (walked.c.effective_start, walked.c.created_at, walked.c.request_id)
+        rows = (await session.execute(query.order_by(*order))).all()
         if not rows:
             return
-        yield list(dict.fromkeys(row[0] for row in rows))
+        seen: dict[str, Any] = {}
+        for row in rows:
+            seen.setdefault(row[0], row)
+        yield list(seen.values())
         if len(rows) < size:
             return
         last = rows[-1]

@@ -13,6 +13,7 @@ the drain). Each check reads committed rows only, so it must hold between any tw
   agree with their events, and nothing but a stored non-fake result is paid;
 - kudos are conserved: charges paid = rewards earned + 1 per job, and the balances sum to the
   operator's grants minus those burns;
+- the queue's index holds exactly the waiting requests, each under its models (or "" for any);
 - after a drain (`drained=True`): every request is final and no job is running.
 
 `check` returns the violations as readable lines (empty: all hold) plus the figures the soak prints.
@@ -27,7 +28,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from horde_lite.db.models import Generation, KudosEvent, KudosHold, SharedKey, TextRequest, User
+from horde_lite.db.models import Generation, KudosEvent, KudosHold, QueueEntry, SharedKey, TextRequest, User
 
 FINISHED = ("ok", "censored")
 JOB_KINDS = ("reward", "charge")
@@ -81,9 +82,12 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                     TextRequest.n_remaining,
                     TextRequest.kudos_spent,
                     TextRequest.shared_key_hash,
+                    TextRequest.any_model,
+                    TextRequest.models,
                 )
             )
         ).all()
+        entries = (await conn.execute(select(QueueEntry.request_id, QueueEntry.model))).all()
         generations = (
             await conn.execute(
                 select(
@@ -109,6 +113,20 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                 "balance == ledger",
                 f"user {u.username} (id {u.id}): balance {u.kudos!r}, ledger {ledger[u.id]!r}",
             )
+
+    # --- the queue's index: a waiting request's models (or "" for any), nothing else ------------------
+    indexed: dict[str, set[str]] = defaultdict(set)
+    for e in entries:
+        indexed[e.request_id].add(e.model)
+    for r in requests:
+        want = ({""} if r.any_model else set(r.models)) if r.state == "waiting" else set()
+        if indexed.pop(r.id, set()) != want:
+            bad(
+                "queue index == waiting requests",
+                f"request {r.id} ({r.state}): entries differ from {sorted(want)}",
+            )
+    for request_id in indexed:
+        bad("queue index == waiting requests", f"entries of request {request_id}, which is gone")
 
     # --- per request: jobs within n, status counts -------------------------------------------------
     by_request: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))
