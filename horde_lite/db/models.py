@@ -278,3 +278,103 @@ class Generation(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     chat_result: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)
+
+
+# --- history: what operators read to compare policies (decision 0027) -------------------------------
+# Kept after the requests and jobs they describe expire; no foreign keys, so nothing cascades away.
+
+
+class AssignmentRecord(Base):
+    """The shadow record of one real assignment (a non-fake job handed to a worker), with its
+    outcome once the job ends."""
+
+    __tablename__ = "assignment_records"
+    __table_args__ = (Index("ix_assignment_records_at", "at"),)
+
+    generation_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    at: Mapped[float] = mapped_column(Float)  # popped at
+    request_id: Mapped[str] = mapped_column(ID)
+    worker_id: Mapped[str] = mapped_column(ID)
+    worker_trusted: Mapped[bool] = mapped_column(Boolean)
+    is_chat: Mapped[bool] = mapped_column(Boolean)
+    max_length: Mapped[int] = mapped_column(Integer)
+    capacity: Mapped[int] = mapped_column(Integer)
+    speed: Mapped[float] = mapped_column(Float)
+    over_capacity: Mapped[bool] = mapped_column(Boolean)
+    # Over capacity only: was a capable worker for the request online at the pop (None: not asked).
+    capable_online: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    speed_gate: Mapped[str] = mapped_column(String(64))  # the policy in force
+    # None while running; completed | faulted | aborted | cancelled
+    outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class CandidateRecord(Base):
+    """What the candidate policy would have decided differently at one pop or admission."""
+
+    __tablename__ = "candidate_records"
+    __table_args__ = (Index("ix_candidate_records_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    kind: Mapped[str] = mapped_column(String(32))  # speed_gate | allowance_curve
+    candidate: Mapped[str] = mapped_column(String(64))
+    in_force: Mapped[str] = mapped_column(String(64))
+    request_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    worker_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+    worker_trusted: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    is_chat: Mapped[bool] = mapped_column(Boolean)
+    max_length: Mapped[int] = mapped_column(Integer)
+    capacity: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    capable_online: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
+    decision: Mapped[str] = mapped_column(String(32))  # what the policy in force decided
+    candidate_decision: Mapped[str] = mapped_column(String(32))
+    allowance: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    candidate_allowance: Mapped[int | None] = mapped_column(Integer, nullable=True)
+
+
+class AdmissionRecord(Base):
+    """One admission decision (free, funded, downgraded or refused), refusals included."""
+
+    __tablename__ = "admission_records"
+    __table_args__ = (Index("ix_admission_records_at", "at"),)
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[float] = mapped_column(Float)
+    request_id: Mapped[str | None] = mapped_column(ID, nullable=True)  # None: refused
+    requester_kind: Mapped[str] = mapped_column(String(16))
+    is_chat: Mapped[bool] = mapped_column(Boolean)
+    requested_max_length: Mapped[int] = mapped_column(Integer)
+    n: Mapped[int] = mapped_column(Integer)
+    allowance: Mapped[int] = mapped_column(Integer)
+    outcome: Mapped[str] = mapped_column(String(16))
+    estimated_wait: Mapped[float | None] = mapped_column(Float, nullable=True)
+    competing_jobs: Mapped[int] = mapped_column(Integer, default=0)
+    eligible_threads: Mapped[int] = mapped_column(Integer, default=0)
+    allowance_curve: Mapped[str] = mapped_column(String(64))  # the policy in force
+
+
+class PolicyState(Base):
+    """The policy in force for each kind, shared by every process of the horde (decision 0028)."""
+
+    __tablename__ = "policy_state"
+
+    kind: Mapped[str] = mapped_column(String(32), primary_key=True)
+    name: Mapped[str] = mapped_column(String(64))
+    options: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    version: Mapped[int] = mapped_column(Integer, default=1)
+    changed_at: Mapped[float] = mapped_column(Float)
+
+
+class PolicyChange(Base):
+    """The log of policy switches."""
+
+    __tablename__ = "policy_changes"
+
+    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    old_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    new_name: Mapped[str] = mapped_column(String(64))
+    options: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
+    source: Mapped[str] = mapped_column(String(32))  # cli | sighup | start-up
