@@ -351,6 +351,9 @@ class AdmissionRecord(Base):
     estimated_wait: Mapped[float | None] = mapped_column(Float, nullable=True)
     competing_jobs: Mapped[int] = mapped_column(Integer, default=0)
     eligible_threads: Mapped[int] = mapped_column(Integer, default=0)
+    # Horde-wide totals, read only when the curve in force asks for them (None: not read).
+    online_text_threads: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    queued_text_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allowance_curve: Mapped[str] = mapped_column(String(64))  # the policy in force
 
 

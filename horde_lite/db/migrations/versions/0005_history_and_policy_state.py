@@ -85,6 +85,8 @@ def upgrade() -> None:
         sa.Column("estimated_wait", sa.Float(), nullable=True),
         sa.Column("competing_jobs", sa.Integer(), nullable=False),
         sa.Column("eligible_threads", sa.Integer(), nullable=False),
+        sa.Column("online_text_threads", sa.Integer(), nullable=True),
+        sa.Column("queued_text_requests", sa.Integer(), nullable=True),
         sa.Column("allowance_curve", sa.String(length=64), nullable=False),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_admission_records")),
     )
