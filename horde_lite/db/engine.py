@@ -10,15 +10,23 @@ from __future__ import annotations
 from typing import Any
 
 from sqlalchemy import event
+from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession  # re-export for the layers above
 from sqlalchemy.pool import NullPool
 
 SQLITE_BUSY_TIMEOUT_MS = 30_000
+# Connections per process: (kept open, overflow). The totals are as before (SQLAlchemy's default
+# for SQLite); more kept open, fewer opened and closed under load.
+POOL = {"sqlite": (15, 0), "postgresql": (20, 10)}
 
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
+
+
+def _in_memory(url: str) -> bool:
+    return is_sqlite(url) and make_url(url).database in (None, "", ":memory:")
 
 
 def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> AsyncEngine:
@@ -27,8 +35,14 @@ def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> Asy
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     if null_pool:
         kwargs["poolclass"] = NullPool
-    elif not is_sqlite(url):
-        kwargs.update(pool_size=10, max_overflow=20, pool_pre_ping=True)
+    elif not _in_memory(url):  # an in-memory SQLite database keeps SQLAlchemy's one-connection pool
+        # Connections kept open cover the concurrent transactions of a busy process: an overflow
+        # connection is closed when returned, so under steady load a small pool opened and closed
+        # one per few requests (asyncpg's connect and statement preparation, SQLite's pragmas).
+        size, overflow = POOL["sqlite" if is_sqlite(url) else "postgresql"]
+        kwargs.update(pool_size=size, max_overflow=overflow)
+        if not is_sqlite(url):
+            kwargs["pool_pre_ping"] = True
     if not is_sqlite(url):
         # The eligibility subqueries make the planner's cost estimates large, which trips JIT
         # compilation (jit_above_cost) on every wait estimate: seconds of LLVM work for a query
@@ -37,7 +51,21 @@ def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> Asy
     engine = create_async_engine(url, **kwargs)
     if is_sqlite(url):
         _sqlite_pragmas(engine)
+    elif engine.dialect.driver == "asyncpg":
+        engine.dialect.do_ping = _ping_once  # type: ignore[method-assign]
     return engine
+
+
+def _ping_once(dbapi_connection: Any) -> bool:
+    """The pool's check of a connection before use, in one round trip. SQLAlchemy's asyncpg ping
+    wraps it in a transaction of its own (for pgbouncer's transaction mode, which horde_lite's
+    prepared statements rule out anyway): three round trips at every checkout. A failure is raised
+    as the adapter's own ping raises it, so the pool still sees a lost connection and replaces it."""
+    try:
+        dbapi_connection.await_(dbapi_connection.driver_connection.fetchrow(";"))
+    except Exception as error:
+        dbapi_connection._handle_exception(error)
+    return True
 
 
 def _sqlite_pragmas(engine: AsyncEngine) -> None:

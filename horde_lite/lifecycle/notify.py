@@ -55,26 +55,15 @@ class Notifier:
 
     def on_commit(self, session: AsyncSession, key: str) -> None:
         """Wake `key`'s waiters, here and in every process, when this session's transaction commits."""
-        pending: set[str] = session.info.setdefault(_PENDING, set())
-        if not pending:
-            sync = session.sync_session
-            event.listen(sync, "after_commit", self._flush, once=True)
-            event.listen(sync, "after_rollback", self._drop, once=True)
-            if sync.get_bind().dialect.name == "postgresql":
-                event.listen(sync, "before_commit", self._publish, once=True)
-        pending.add(key)
+        # The session hooks are registered once, on the Session class (below): a listener added
+        # per transaction cost more than the rest of the wake-up (registering, then its clean-up).
+        pending: dict[Notifier, set[str]] = session.info.setdefault(_PENDING, {})
+        pending.setdefault(self, set()).add(key)
 
-    def _publish(self, session: Session) -> None:
+    def _publish(self, session: Session, keys: set[str]) -> None:
         # Inside the committing transaction: delivered to the listeners only if it commits.
-        for key in sorted(session.info.get(_PENDING, ())):
+        for key in sorted(keys):
             session.execute(_NOTIFY, {"channel": CHANNEL, "payload": f"{self.token}:{key}"})
-
-    def _flush(self, session: Session) -> None:
-        for key in session.info.pop(_PENDING, set()):
-            self.notify(key)
-
-    def _drop(self, session: Session) -> None:
-        session.info.pop(_PENDING, None)
 
     def notify(self, key: str) -> None:
         """Wake `key`'s waiters in this process."""
@@ -92,6 +81,27 @@ class Notifier:
         token, _, key = payload.partition(":")
         if token != self.token and key:
             self.notify(key)
+
+
+@event.listens_for(Session, "before_commit")
+def _publish_pending(session: Session) -> None:
+    pending: dict[Notifier, set[str]] | None = session.info.get(_PENDING)
+    if pending and session.get_bind().dialect.name == "postgresql":
+        for notifier, keys in pending.items():
+            notifier._publish(session, keys)
+
+
+@event.listens_for(Session, "after_commit")
+def _wake_pending(session: Session) -> None:
+    pending: dict[Notifier, set[str]] | None = session.info.pop(_PENDING, None)
+    for notifier, keys in (pending or {}).items():
+        for key in keys:
+            notifier.notify(key)
+
+
+@event.listens_for(Session, "after_rollback")
+def _drop_pending(session: Session) -> None:
+    session.info.pop(_PENDING, None)
 
 
 class PgListener:

@@ -7,7 +7,7 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import select, update
+from sqlalchemy import bindparam, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -54,8 +54,15 @@ class Requester:
         return "anonymous" if self.user.anonymous else "registered"
 
 
+# The statements every call runs, built once: a statement object keeps its SQLAlchemy cache key, so
+# reusing it skips building the query and its key at each call (the values are bound parameters).
+_ANONYMOUS = select(User).where(User.anonymous.is_(True))
+_USER_BY_KEY = select(User).where(User.api_key_hash == bindparam("digest"))
+_SHARED_BY_KEY = select(SharedKey).where(SharedKey.key_hash == bindparam("digest"))
+
+
 async def ensure_anonymous(session: AsyncSession, now: float) -> User:
-    query = select(User).where(User.anonymous.is_(True))
+    query = _ANONYMOUS
     user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
         try:
@@ -121,12 +128,10 @@ async def authenticate(session: AsyncSession, apikey: str | None, now: float) ->
     if not apikey or apikey == ANONYMOUS_KEY:
         return Requester(await ensure_anonymous(session, now))
     digest = hash_key(apikey)
-    user = (await session.execute(select(User).where(User.api_key_hash == digest))).scalar_one_or_none()
+    user = (await session.execute(_USER_BY_KEY, {"digest": digest})).scalar_one_or_none()
     if user is not None:
         return Requester(user)
-    shared = (
-        await session.execute(select(SharedKey).where(SharedKey.key_hash == digest))
-    ).scalar_one_or_none()
+    shared = (await session.execute(_SHARED_BY_KEY, {"digest": digest})).scalar_one_or_none()
     if shared is not None:
         owner = await session.get(User, shared.user_id)
         assert owner is not None

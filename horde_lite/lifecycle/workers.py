@@ -9,7 +9,7 @@ import unicodedata
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -92,6 +92,10 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
     return ids
 
 
+# Built once (every pop runs it): a reused statement keeps its SQLAlchemy cache key.
+_WORKER_BY_KEY_LOCKED = select(Worker).where(Worker.name_key == bindparam("key")).with_for_update()
+
+
 async def check_in(
     session: AsyncSession, owner: User, body: PopInput, settings: Settings, now: float
 ) -> Worker:
@@ -103,8 +107,7 @@ async def check_in(
     # so their model lists never race. A worker is found by its name's key, so "Bob", "bob " and
     # full-width "Bob" are one worker; a name no worker holds yet must pass the name rule.
     key = worker_name_key(body.name)
-    by_name = select(Worker).where(Worker.name_key == key).with_for_update()
-    worker = (await session.execute(by_name)).scalar_one_or_none()
+    worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
     if worker is None:
         name = clean_worker_name(body.name)
         try:
@@ -116,7 +119,7 @@ async def check_in(
                 session.add(worker)
                 await session.flush()
         except IntegrityError:  # another pop created this worker first (PostgreSQL)
-            worker = (await session.execute(by_name)).scalar_one()
+            worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one()
     if worker.owner_id != owner.id:
         raise HordeError("WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
     models = list(dict.fromkeys(m.strip() for m in body.models if m.strip()))[:100]
