@@ -11,8 +11,10 @@ import logging
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 
+from horde_lite.api.dashboard import DashboardPlugin
 from horde_lite.api.logfilter import logging_config
 from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
+from horde_lite.api.operator import ROUTES as operator_routes
 from horde_lite.api.ratelimit import rate_limit_middleware
 from horde_lite.clock import Clock
 from horde_lite.core_plugin import HordeLitePlugin
@@ -37,8 +39,12 @@ def create_app(
 ) -> Litestar:
     settings = settings or load_settings()
     return Litestar(
-        plugins=[HordeLitePlugin(settings, clock, run_sweeper=run_sweeper), ErrorResponsesPlugin()],
-        route_handlers=docs_routes(),
+        plugins=[
+            HordeLitePlugin(settings, clock, run_sweeper=run_sweeper),
+            ErrorResponsesPlugin(),
+            DashboardPlugin(),  # /dashboard (docs/reference/dashboard.md)
+        ],
+        route_handlers=[*docs_routes(), *operator_routes],
         middleware=rate_limit_middleware(settings.ratelimit),
         cors_config=cors_config(settings.http),
         logging_config=logging_config(

@@ -23,7 +23,7 @@ from horde_lite.api.metrics_route import metrics
 from horde_lite.clock import Clock
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
-from horde_lite.lifecycle import lease
+from horde_lite.lifecycle import lease, policy_state
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.notify import start_listener
 from horde_lite.metrics import Metrics
@@ -73,11 +73,14 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             sessionmaker=make_sessionmaker(engine),
         )
         app.state.horde = horde
+        # The policy in force is the database's; switches reach this process (decision 0028).
+        policy_watch = await policy_state.start(horde)
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
         listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
         try:
             yield
         finally:
+            await policy_watch.stop()
             if listener is not None:
                 await listener.stop()
             if sweeper is not None:

@@ -105,13 +105,25 @@ class PoliciesSettings(_Table):
     speed_gate: str = "prefer_capable"
     allowance_curve: str = "estimated_wait"
     shadow_metrics: str = "over_capacity"
+    # A candidate judged in shadow beside the policy in force, never applied ("": none); its
+    # options go under [policies.options.candidate_speed_gate] etc. (docs/reference/policies.md).
+    candidate_speed_gate: str = ""
+    candidate_allowance_curve: str = ""
     # Options per policy kind: `[policies.speed_gate.options]` etc.
     options: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
+    # How often each server process reads policy_state for a switch (decision 0028).
+    reload_seconds: float = 2.0
+
+    def __post_init__(self) -> None:
+        if self.reload_seconds <= 0:
+            raise ValueError("[policies] reload_seconds must be > 0")
 
 
 class HttpSettings(_Table):
     # Origins a browser may call the API from (CORS); ["*"] is any origin, as upstream; [] turns CORS off.
     cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
+    # GET /operator/policies without a moderator's key (a horde on a private network).
+    open_operator_pages: bool = False
 
 
 class RateLimitSettings(_Table):

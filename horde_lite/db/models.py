@@ -355,6 +355,11 @@ class AdmissionRecord(Base):
     online_text_threads: Mapped[int | None] = mapped_column(Integer, nullable=True)
     queued_text_requests: Mapped[int | None] = mapped_column(Integer, nullable=True)
     allowance_curve: Mapped[str] = mapped_column(String(64))  # the policy in force
+    # The rest of what the outcome rule read, so another curve's outcome can be recomputed:
+    slow_workers: Mapped[bool] = mapped_column(Boolean, default=True)
+    downgrade_allowed: Mapped[bool] = mapped_column(Boolean, default=False)  # legacy, native, asked
+    # The requester could pay the upfront cost (kudos and key budget); None: not read (it was free).
+    can_fund: Mapped[bool | None] = mapped_column(Boolean, nullable=True)
 
 
 class PolicyState(Base):

@@ -12,10 +12,18 @@ from typing import Any, Literal
 from sqlalchemy import func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.db.models import RequestModel, TextRequest, Worker, WorkerModel
+from horde_lite.db.models import (
+    AdmissionRecord,
+    CandidateRecord,
+    RequestModel,
+    TextRequest,
+    Worker,
+    WorkerModel,
+)
 from horde_lite.lifecycle import chat as chat_rules
 from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
@@ -366,6 +374,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     transaction is rolled back then, so a refused request leaves no row and no hold."""
     now = horde.clock.now()
     settings = horde.settings
+    policies = horde.policies  # one snapshot: a live switch must not mix two curves in one decision
     if spec.requester.shared_key is not None:
         # The key's own limits first: an expired, empty or capped key is refused whatever the
         # request would cost (its budget is checked against the cost below).
@@ -386,51 +395,66 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
     row = await _insert(session, horde, spec, now)
     await session.flush()
-    rules = horde.rules(now)
+    rules = Rules.from_settings(settings, policies.speed_gate, now)
     est = await estimate(session, row.id, rules)
+    # A candidate curve is judged in shadow beside the one in force (never for a dry run).
+    candidate = None if spec.dry_run else policies.candidate_allowance_curve
     # Horde-wide totals cost a scan of the queue: read them only for a curve that asks.
-    threads, queued = (0, 0)
-    if getattr(horde.policies.allowance_curve, "reads_horde_totals", True):
-        threads, queued = await horde_totals(session, rules)
-    allowance = horde.policies.allowance_curve.allowance(
-        AllowanceInputs(
-            estimated_wait_seconds=est.estimated_wait,
-            competing_jobs=est.competing_jobs,
-            eligible_threads=est.eligible_threads,
-            online_text_threads=threads,
-            queued_text_requests=queued,
-            settings=settings.allowance,
-        )
+    totals_read = any(
+        getattr(curve, "reads_horde_totals", True)
+        for curve in (policies.allowance_curve, candidate)
+        if curve is not None
     )
+    threads, queued = await horde_totals(session, rules) if totals_read else (0, 0)
+    inputs = AllowanceInputs(
+        estimated_wait_seconds=est.estimated_wait,
+        competing_jobs=est.competing_jobs,
+        eligible_threads=est.eligible_threads,
+        online_text_threads=threads,
+        queued_text_requests=queued,
+        settings=settings.allowance,
+    )
+    allowance = policies.allowance_curve.allowance(inputs)
     requester = spec.requester
-    # The anonymous account is shared by everyone without a key: it never holds kudos upfront, or
-    # one anonymous caller could spend what the floor leaves for all of them (docs/decisions 0010).
-    # The allowance is per request: all of its n jobs' output counts against it.
-    over = spec.max_length * spec.n > allowance
-    free = not over and spec.slow_workers
-    # Spendable kudos cost a query: read only when the request is not free.
-    can_pay = (
-        not free
-        and not requester.user.anonymous
-        and await kudos.spendable(session, requester.user, settings.kudos) >= cost
-    )
-    outcome: Outcome
+    downgrade_allowed = spec.allow_downgrade and spec.native_route and not spec.is_chat
+    can_pay = False  # the requester's spendable kudos cover the cost (read only when needed)
+    can_fund: bool | None = None  # ... and the shared key's budget too; None: not read
+
+    def rule(allowance: int) -> Outcome | None:
+        return outcome_for(spec.max_length, spec.n, allowance, spec.slow_workers, downgrade_allowed, can_fund)
+
+    async def decided(allowance: int) -> Outcome:
+        nonlocal can_pay, can_fund
+        found = rule(allowance)
+        if found is not None:
+            return found
+        # Spendable kudos cost a query: read only when the request is not free. The anonymous
+        # account is shared by everyone without a key: it never holds kudos upfront, or one
+        # anonymous caller could spend what the floor leaves for all of them (docs/decisions 0010).
+        can_pay = (
+            not requester.user.anonymous
+            and await kudos.spendable(session, requester.user, settings.kudos) >= cost
+        )
+        can_fund = can_pay and (key_left is None or key_left >= cost)
+        found = rule(allowance)
+        assert found is not None  # only an unread can_fund leaves it open
+        return found
+
+    outcome = await decided(allowance)
+    shadow: tuple[int, Outcome] | None = None
+    if candidate is not None:
+        candidate_allowance = candidate.allowance(inputs)
+        if candidate_allowance != allowance:
+            shadow = (candidate_allowance, await decided(candidate_allowance))
+    judged = _Judged(outcome, allowance, est, inputs, totals_read, downgrade_allowed, can_fund, shadow)
     warnings: list[dict[str, str]] = []
-    if free:
-        outcome = "free"
-    elif can_pay and (key_left is None or key_left >= cost):
-        outcome = "funded"
-    elif over and spec.allow_downgrade and spec.native_route and not spec.is_chat:
-        outcome = "downgraded" if _can_split(allowance, spec) else "refused"
-    else:
-        outcome = "refused"
     if outcome == "refused" and can_pay and requester.shared_key is not None:
         # The owner could pay but the key's budget cannot: say so rather than KudosUpfront.
         if not spec.dry_run:
-            _record(horde, spec, "refused", allowance, est)
+            _record(session, horde, spec, judged, None, now)
         check_shared_key(requester.shared_key, now, spec.max_length, cost, left=key_left)
     if outcome == "refused":
-        await _refuse(session, horde, spec, est, allowance, cost, now)
+        await _refuse(session, horde, spec, judged, cost, now)
     applied = spec.max_length
     if outcome == "downgraded":
         applied = allowance // spec.n  # each job's share of the request's allowance
@@ -468,7 +492,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
             reserves_user=outcome == "funded",
         )  # fmt: skip
     if not spec.dry_run:
-        _record(horde, spec, outcome, allowance, est)
+        _record(session, horde, spec, judged, row.id, now)
         log.info(
             "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
             row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
@@ -487,16 +511,11 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
 
 
 async def _refuse(
-    session: AsyncSession,
-    horde: Horde,
-    spec: AdmissionSpec,
-    est: Estimate,
-    allowance: int,
-    cost: float,
-    now: float,
+    session: AsyncSession, horde: Horde, spec: AdmissionSpec, judged: _Judged, cost: float, now: float
 ) -> None:
     if not spec.dry_run:
-        _record(horde, spec, "refused", allowance, est)
+        _record(session, horde, spec, judged, None, now)
+    est, allowance = judged.estimate, judged.allowance
     floor = horde.settings.allowance.floor
     if spec.max_length * spec.n > floor and est.eligible_workers == 0:
         gap = await declaration_gap(session, horde, spec, now)
@@ -519,9 +538,30 @@ async def _refuse(
     )
 
 
-def _can_split(allowance: int, spec: AdmissionSpec) -> bool:
-    """A downgrade gives each of the n jobs allowance // n tokens, at least the minimum of 16."""
-    return allowance // spec.n >= 16
+def outcome_for(
+    max_length: int,
+    n: int,
+    allowance: int,
+    slow_workers: bool,
+    downgrade_allowed: bool,
+    can_fund: bool | None,
+) -> Outcome | None:
+    """The admission decision for one allowance (decision 0002), a pure function so that a
+    candidate curve and `horde-lite whatif` judge exactly like the curve in force: free when all
+    n jobs' output fits the allowance and slow workers are allowed; else funded when the requester
+    can pay (`can_fund`: spendable kudos and the shared key's budget); else downgraded when the
+    request allows it (`downgrade_allowed`: a legacy request on the native route that asked) and
+    each job keeps at least 16 tokens; else refused. None: not free, and `can_fund` is unknown."""
+    over = max_length * n > allowance
+    if not over and slow_workers:
+        return "free"
+    if can_fund is None:
+        return None
+    if can_fund:
+        return "funded"
+    if over and downgrade_allowed and allowance // n >= 16:
+        return "downgraded"
+    return "refused"
 
 
 def _asked(spec: AdmissionSpec) -> str:
@@ -530,9 +570,80 @@ def _asked(spec: AdmissionSpec) -> str:
     return f"{total} ({spec.n} jobs x {spec.max_length})" if spec.n > 1 else str(total)
 
 
-def _record(horde: Horde, spec: AdmissionSpec, outcome: Outcome, allowance: int, est: Estimate) -> None:
+@dataclass(frozen=True, slots=True)
+class _Judged:
+    """What one admission decision read and decided, for its metrics and its records."""
+
+    outcome: Outcome
+    allowance: int
+    estimate: Estimate
+    inputs: AllowanceInputs
+    totals_read: bool  # the horde-wide totals in `inputs` were read (else they are 0, unread)
+    downgrade_allowed: bool
+    can_fund: bool | None
+    candidate: tuple[int, Outcome] | None  # the candidate curve's allowance and outcome, when different
+
+
+# session.info key of a refusal's records: its transaction is rolled back, `decide` keeps them.
+_REFUSAL_RECORDS = "horde_lite.refusal_records"
+
+
+def _record(
+    session: AsyncSession,
+    horde: Horde,
+    spec: AdmissionSpec,
+    judged: _Judged,
+    request_id: str | None,
+    now: float,
+) -> None:
+    """The one place an admission decision (not a dry run) is recorded: metrics, its admission
+    record and, when a candidate curve decided differently, its candidate record."""
     metrics = horde.metrics
     kind = spec.requester.kind
+    outcome, allowance, est, inputs = judged.outcome, judged.allowance, judged.estimate, judged.inputs
+    policies = horde.policies
+    records: list[AdmissionRecord | CandidateRecord] = [
+        AdmissionRecord(
+            at=now,
+            request_id=request_id,
+            requester_kind=kind,
+            is_chat=spec.is_chat,
+            requested_max_length=spec.max_length,
+            n=spec.n,
+            allowance=allowance,
+            outcome=outcome,
+            estimated_wait=est.estimated_wait,
+            competing_jobs=inputs.competing_jobs,
+            eligible_threads=inputs.eligible_threads,
+            online_text_threads=inputs.online_text_threads if judged.totals_read else None,
+            queued_text_requests=inputs.queued_text_requests if judged.totals_read else None,
+            allowance_curve=policies.names["allowance_curve"],
+            slow_workers=spec.slow_workers,
+            downgrade_allowed=judged.downgrade_allowed,
+            can_fund=judged.can_fund,
+        )
+    ]
+    if judged.candidate is not None:
+        candidate_allowance, candidate_outcome = judged.candidate
+        records.append(
+            CandidateRecord(
+                at=now,
+                kind="allowance_curve",
+                candidate=policies.names["candidate_allowance_curve"],
+                in_force=policies.names["allowance_curve"],
+                request_id=request_id,
+                is_chat=spec.is_chat,
+                max_length=spec.max_length,
+                decision=outcome,
+                candidate_decision=candidate_outcome,
+                allowance=allowance,
+                candidate_allowance=candidate_allowance,
+            )
+        )
+    if outcome == "refused":
+        session.info[_REFUSAL_RECORDS] = records  # the transaction is rolled back: see `decide`
+    else:
+        session.add_all(records)
     metrics.free_allowance_decisions.add(
         1,
         allowance_attributes(kind, outcome, spec.max_length, allowance, spec.is_chat),  # type: ignore[arg-type]
@@ -570,6 +681,7 @@ async def decide(horde: Horde, caller: Caller, build: SpecBuilder) -> Decision:
     rolls it back: no row, no hold). A dry run (`spec.dry_run`) is judged exactly like the real
     request, refusals included, and then rolled back: nothing is kept and nothing is cached. Both
     routes that create requests (the native route and the chat front) come through here."""
+    session: AsyncSession | None = None
     try:
         async with horde.transaction() as session:
             requester = await authenticate(session, caller.apikey, horde.clock.now())
@@ -579,7 +691,25 @@ async def decide(horde: Horde, caller: Caller, build: SpecBuilder) -> Decision:
                 raise _DryRun(decision)
     except _DryRun as rolled_back:
         return rolled_back.decision
+    except HordeError:
+        if session is not None:
+            await _keep_refusal_records(horde, session)
+        raise
     return decision
+
+
+async def _keep_refusal_records(horde: Horde, refused: AsyncSession) -> None:
+    """A refusal rolls its transaction back; the records `_record` left for it are written after,
+    in a short transaction of their own (a second transaction inside the first would wait for
+    the one SQLite writer). Losing them must not turn the refusal into a server error."""
+    records = refused.info.pop(_REFUSAL_RECORDS, None)
+    if not records:
+        return
+    try:
+        async with horde.transaction() as session:
+            session.add_all(records)
+    except Exception:
+        log.exception("could not keep the records of a refused request")
 
 
 async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> Decision:

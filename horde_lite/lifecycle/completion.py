@@ -6,8 +6,9 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
@@ -52,28 +53,40 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
     return capped
 
 
+def _job_reads(lock: bool) -> tuple[Select[Any], Select[Any], Select[Any]]:
+    """A job's request (found through its generation), its generation and its worker, each read
+    fresh from the database (`populate_existing`) and, with `lock`, locked FOR UPDATE (on the
+    request's statement, that locks the outer query's row only, not the subquery's). Built once,
+    with bound parameters: a reused statement keeps its SQLAlchemy cache key."""
+    owning = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
+    request = select(TextRequest).where(TextRequest.id == owning)
+    generation = select(Generation).where(Generation.id == bindparam("id"))
+    worker = select(Worker).where(Worker.id == bindparam("id"))
+    reads = [q.execution_options(populate_existing=True) for q in (request, generation, worker)]
+    if lock:
+        reads = [q.with_for_update() for q in reads]
+    return reads[0], reads[1], reads[2]
+
+
+_LOCKED, _UNLOCKED = _job_reads(True), _job_reads(False)
+
+
 async def load_generation_for_worker(
     session: AsyncSession, user: User, generation_id: str, *, lock: bool = True
 ) -> tuple[Generation, Worker, TextRequest]:
     missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
-    request_id = (
-        await session.execute(select(Generation.request_id).where(Generation.id == generation_id))
-    ).scalar_one_or_none()
-    if request_id is None:
-        raise missing
     # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation,
     # then the worker. Concurrent submits, faults and lapses of one request then serialize, never
-    # lose an update of its counts (PostgreSQL; SQLite has one writer) and never deadlock.
-    request = await session.get(TextRequest, request_id, with_for_update=lock or None, populate_existing=True)
-    query = select(Generation).where(Generation.id == generation_id).execution_options(populate_existing=True)
-    if lock:
-        query = query.with_for_update()
-    generation = (await session.execute(query)).scalar_one_or_none()
-    if generation is None or request is None:
+    # lose an update of its counts (PostgreSQL; SQLite has one writer) and never deadlock. The
+    # request is found through its generation in the same statement (one round trip).
+    request_query, generation_query, worker_query = _LOCKED if lock else _UNLOCKED
+    request = (await session.execute(request_query, {"id": generation_id})).scalar_one_or_none()
+    if request is None:
         raise missing
-    worker = await session.get(
-        Worker, generation.worker_id, with_for_update=lock or None, populate_existing=True
-    )
+    generation = (await session.execute(generation_query, {"id": generation_id})).scalar_one_or_none()
+    if generation is None:
+        raise missing
+    worker = (await session.execute(worker_query, {"id": generation.worker_id})).scalar_one_or_none()
     assert worker is not None
     if worker.owner_id != user.id:
         raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
@@ -99,7 +112,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
         if not generation.fake:
             worker.faulted_jobs += 1
             await give_back(session, horde, request, aborted=False, worker_id=worker.id)
-            shadow_outcome(horde, generation, worker, request, "faulted")
+            await shadow_outcome(session, horde, generation, worker, request, "faulted")
             horde.notifier.on_commit(session, request.id)
         return 0.0
     text = body.generation
@@ -141,7 +154,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
     worker.tokens_generated += tokens
     worker.kudos_earned = round(worker.kudos_earned + reward, 2)
     record_speed_sample(worker, tokens, sample_seconds(tokens, now - generation.popped_at), horde.settings)
-    shadow_outcome(horde, generation, worker, request, "completed")
+    await shadow_outcome(session, horde, generation, worker, request, "completed")
     await session.flush()
     await maybe_finish(session, request)
     horde.notifier.on_commit(session, request.id)

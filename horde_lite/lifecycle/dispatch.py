@@ -11,15 +11,21 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
-from horde_lite.db.models import Generation, TextRequest, User, Worker
+from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, TextRequest, User, Worker
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Caller, Horde
-from horde_lite.lifecycle.eligibility import eligibility_clauses, request_offered
+from horde_lite.lifecycle.eligibility import (
+    Rules,
+    capable_worker_online,
+    eligibility_clauses,
+    request_offered,
+)
 from horde_lite.lifecycle.inputs import PopInput
 from horde_lite.lifecycle.users import authenticate_user
 from horde_lite.lifecycle.workers import check_in, effective_speed
 from horde_lite.metrics import wait_attributes
-from horde_lite.policies.protocols import Assignment, PopCheck
+from horde_lite.policies.protocols import Assignment, GateInputs, PopCheck
+from horde_lite.policies.registry import Policies
 
 
 @dataclass(frozen=True)
@@ -39,7 +45,7 @@ _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on fir
 
 
 async def _candidate(
-    session: AsyncSession, horde: Horde, worker: Worker, now: float, *, fake: bool
+    session: AsyncSession, horde: Horde, policies: Policies, worker: Worker, now: float, *, fake: bool
 ) -> TextRequest | None:
     """The first request this worker may take, in queue order: its owner's and priority users'
     requests first, then everyone's by effective start (priority ageing without rewrites).
@@ -47,7 +53,7 @@ async def _candidate(
     Both are index-driven: the preferred users' requests through the user index, everyone's by
     walking the queue's index over the worker's models a page at a time (lifecycle/queue_index.py);
     each candidate page is judged by the one eligibility check and claimed with SKIP LOCKED."""
-    rules = horde.rules(now)
+    rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
     r = TextRequest
     judged = (
         select(r)
@@ -74,6 +80,79 @@ async def _candidate(
     return None
 
 
+async def _capable_online(session: AsyncSession, rules: Rules, request: TextRequest) -> bool:
+    """Is a capable worker for `request` online: the speed gate's own SQL, in one small query."""
+    r = TextRequest
+    query = select(capable_worker_online(r, rules)).where(r.id == request.id)
+    return bool((await session.execute(query)).scalar_one())
+
+
+async def _record_assignments(
+    session: AsyncSession,
+    horde: Horde,
+    policies: Policies,
+    worker: Worker,
+    request: TextRequest,
+    generations: list[Generation],
+    speed: float,
+    over: bool,
+    now: float,
+) -> None:
+    """The history of real assignments (kept after the request expires, read by `horde-lite
+    whatif`) and, with a candidate speed gate, the jobs it would have refused (decision 0027)."""
+    rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
+    # Only an over-capacity job raises the question (every built-in gate passes the others).
+    capable = await _capable_online(session, rules, request) if over else None
+    records: list[AssignmentRecord | CandidateRecord] = [
+        AssignmentRecord(
+            generation_id=g.id,
+            at=g.popped_at,
+            request_id=request.id,
+            worker_id=worker.id,
+            worker_trusted=worker.trusted,
+            is_chat=request.is_chat,
+            max_length=request.max_length,
+            capacity=worker.capacity,
+            speed=speed,
+            over_capacity=over,
+            capable_online=capable,
+            speed_gate=policies.names["speed_gate"],
+        )
+        for g in generations
+    ]
+    candidate = policies.candidate_speed_gate
+    if candidate is not None:
+
+        def allows(online: bool) -> bool:
+            return candidate.can_generate_with_eligibility_inputs(
+                GateInputs(request.is_chat, request.max_length, worker.capacity, online)
+            )
+
+        asked = capable
+        if asked is None and allows(False) != allows(True):  # the candidate reads it here too
+            asked = await _capable_online(session, rules, request)
+        if not allows(bool(asked)):
+            records.extend(
+                CandidateRecord(
+                    at=now,
+                    kind="speed_gate",
+                    candidate=policies.names["candidate_speed_gate"],
+                    in_force=policies.names["speed_gate"],
+                    request_id=request.id,
+                    worker_id=worker.id,
+                    worker_trusted=worker.trusted,
+                    is_chat=request.is_chat,
+                    max_length=request.max_length,
+                    capacity=worker.capacity,
+                    capable_online=asked,
+                    decision="assigned",
+                    candidate_decision="refused",
+                )
+                for _ in generations  # one per job, as the assignment records
+            )
+    session.add_all(records)
+
+
 def _job_model(request: TextRequest, worker: Worker) -> str:
     if request.any_model:
         return worker.models[0] if worker.models else ""
@@ -84,10 +163,11 @@ def _job_model(request: TextRequest, worker: Worker) -> str:
 async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) -> tuple[Worker, Job | None]:
     now = horde.clock.now()
     settings = horde.settings
+    policies = horde.policies  # one snapshot: a live switch must not mix two gates in one pop
     worker = await check_in(session, owner, body, settings, now)
     fake = worker.paused
     if not fake:  # a paused worker's pops serve fake jobs, which no metric records
-        horde.policies.shadow_metrics.on_pop(
+        policies.shadow_metrics.on_pop(
             horde.metrics,
             PopCheck(
                 worker_id=worker.id,
@@ -96,7 +176,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 chat_max_completion_tokens=worker.chat_max_completion_tokens,
             ),
         )
-    request = await _candidate(session, horde, worker, now, fake=fake)
+    request = await _candidate(session, horde, policies, worker, now, fake=fake)
     if request is None:
         return worker, None
     count = 1 if fake else min(body.amount, request.n_remaining)
@@ -129,7 +209,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
     await session.flush()
     if not fake:
         for generation in generations:
-            horde.policies.shadow_metrics.on_assignment(
+            policies.shadow_metrics.on_assignment(
                 horde.metrics,
                 Assignment(
                     generation_id=generation.id,
@@ -147,6 +227,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 max(0.0, now - request.created_at),
                 wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
             )
+        await _record_assignments(session, horde, policies, worker, request, generations, speed, over, now)
         horde.notifier.on_commit(session, request.id)
     return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
 

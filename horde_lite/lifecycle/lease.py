@@ -31,7 +31,7 @@ async def lapse(
         return
     worker.aborted_jobs += 1
     await give_back(session, horde, request, aborted=True, worker_id=worker.id)
-    shadow_outcome(horde, generation, worker, request, "aborted")
+    await shadow_outcome(session, horde, generation, worker, request, "aborted")
     horde.notifier.on_commit(session, request.id)
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
 

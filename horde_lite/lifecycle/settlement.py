@@ -3,10 +3,10 @@ a request and release what is left of its hold. Shared by submit, the lease swee
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.db.models import Generation, TextRequest, Worker
+from horde_lite.db.models import AssignmentRecord, Generation, TextRequest, Worker
 from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.policies.protocols import Outcome
@@ -59,10 +59,24 @@ async def give_back(
     request.n_remaining += 1
 
 
-def shadow_outcome(
-    horde: Horde, generation: Generation, worker: Worker, request: TextRequest, outcome: str
+async def shadow_outcome(
+    session: AsyncSession,
+    horde: Horde,
+    generation: Generation,
+    worker: Worker,
+    request: TextRequest,
+    outcome: str,
 ) -> None:
-    if not generation.over_capacity_at_assignment or generation.fake:
+    """The end of a real job (completed, faulted or aborted), wherever it ends: its assignment
+    record gets the outcome, and an over-capacity job's is reported to the shadow metrics."""
+    if generation.fake:
+        return
+    await session.execute(
+        update(AssignmentRecord)
+        .where(AssignmentRecord.generation_id == generation.id)
+        .values(outcome=outcome, ended_at=horde.clock.now())
+    )
+    if not generation.over_capacity_at_assignment:
         return
     service = None
     if outcome == "completed" and generation.submitted_at is not None:

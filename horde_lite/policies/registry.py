@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
@@ -26,26 +26,29 @@ def installed(kind: str) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group(kind))}
 
 
-def _build(kind: str, name: str, options: dict[str, Any]) -> Any:
+def _build(kind: str, name: str, options: dict[str, Any], setting: str | None = None) -> Any:
+    """`setting`: the key that named it, when not `kind` itself (a candidate's)."""
     available = installed(kind)
+    key = setting or kind
     if name not in available:
         names = ", ".join(sorted(available)) or "none"
         raise PolicyError(
-            f"[policies] {kind} = {name!r} is not installed; installed {kind} policies: {names}"
+            f"[policies] {key} = {name!r} is not installed; installed {kind} policies: {names}"
         )
     try:
         cls = available[name].load()
     except Exception as e:  # a broken third-party package must name itself
-        raise PolicyError(f"[policies] {kind} = {name!r}: loading {available[name].value} failed: {e}") from e
+        raise PolicyError(f"[policies] {key} = {name!r}: loading {available[name].value} failed: {e}") from e
     try:
         if isinstance(cls, type) and issubclass(cls, msgspec.Struct):
             policy = msgspec.convert(options, cls)
         else:
             policy = cls(**options)
     except (msgspec.ValidationError, TypeError) as e:
-        raise PolicyError(f"[policies.{kind}.options] for {name!r}: {e}") from e
+        table = f"[policies.options.{setting}]" if setting else f"[policies.{kind}.options]"
+        raise PolicyError(f"{table} for {name!r}: {e}") from e
     if not isinstance(policy, PROTOCOLS[kind]):
-        raise PolicyError(f"[policies] {kind} = {name!r}: {available[name].value} is not a {kind} policy")
+        raise PolicyError(f"[policies] {key} = {name!r}: {available[name].value} is not a {kind} policy")
     return policy
 
 
@@ -55,15 +58,47 @@ class Policies:
     allowance_curve: AllowanceCurve
     shadow_metrics: ShadowMetrics
     names: dict[str, str]
+    # What was built, per kind: its options and the policy_state version it applies (0: from the
+    # settings, not yet matched with the database; lifecycle/policy_state.py swaps the whole object).
+    options: dict[str, dict[str, Any]] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+    # Candidates judged in shadow beside the ones in force, never applied (None: none configured).
+    candidate_speed_gate: SpeedGate | None = None
+    candidate_allowance_curve: AllowanceCurve | None = None
 
 
 def load_policies(settings: PoliciesSettings) -> Policies:
-    unknown = set(settings.options) - set(KINDS)
+    unknown = set(settings.options) - set(KINDS) - set(CANDIDATES)
     if unknown:
         raise PolicyError(f"[policies] options for unknown policy kinds: {', '.join(sorted(unknown))}")
     names = {kind: getattr(settings, kind) for kind in KINDS}
     built = {kind: _build(kind, names[kind], settings.options.get(kind, {})) for kind in KINDS}
-    return Policies(names=names, **built)
+    options = {kind: dict(settings.options.get(kind, {})) for kind in KINDS}
+    candidates = _candidates(settings, names)
+    return Policies(names=names, options=options, **built, **candidates)
+
+
+# A candidate setting and the kind of policy it names.
+CANDIDATES = {"candidate_speed_gate": "speed_gate", "candidate_allowance_curve": "allowance_curve"}
+
+
+def _candidates(settings: PoliciesSettings, names: dict[str, str]) -> dict[str, Any]:
+    """Build the configured candidates (a bad name stops start-up like the ones in force) and add
+    their names to `names` under the setting's key."""
+    built: dict[str, Any] = {}
+    for setting, kind in CANDIDATES.items():
+        name = getattr(settings, setting)
+        if name:
+            built[setting] = _build(kind, name, settings.options.get(setting, {}), setting)
+            names[setting] = name
+    return built
+
+
+def build(kind: str, name: str, options: dict[str, Any]) -> Any:
+    """One policy, built exactly as start-up builds it (a switch validates with this)."""
+    if kind not in KINDS:
+        raise PolicyError(f"unknown policy kind {kind!r}; the kinds are: {', '.join(KINDS)}")
+    return _build(kind, name, options)
 
 
 def listing(settings: PoliciesSettings) -> list[tuple[str, str, str, bool]]:

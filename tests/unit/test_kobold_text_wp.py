@@ -23,7 +23,7 @@ from sqlalchemy import select
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import KudosHold, TextRequest
-from horde_lite.lifecycle import admission
+from horde_lite.lifecycle import admission, policy_state
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import TextRequestInput
 from horde_lite.lifecycle.users import authenticate
@@ -255,7 +255,11 @@ async def test_the_selected_curve_policy_sizes_the_allowance(db_url: str) -> Non
         await online_worker(client, owner, "only")
         assert await seen_allowance(client) == 512
     # jobs_per_thread: 2 competing jobs on 1 thread = load 2, 0.6 of the way from 0.5 to 3.0.
+    # The same database, whose policy in force is now horde_queue (the database's policy wins at
+    # start-up): switch it as an operator would.
     async with custom_client(db_url, policies={"allowance_curve": "jobs_per_thread"}) as client:
+        await policy_state.switch(client.horde, "allowance_curve", "jobs_per_thread", {}, "test")
+        await policy_state.apply_changes(client.horde)
         owner = await client.user("owner2")
         rich = await client.user("rich", kudos=1_000_000)
         # (the same database: the first block's worker still serves MODEL, so use another model)

@@ -88,6 +88,9 @@ def upgrade() -> None:
         sa.Column("online_text_threads", sa.Integer(), nullable=True),
         sa.Column("queued_text_requests", sa.Integer(), nullable=True),
         sa.Column("allowance_curve", sa.String(length=64), nullable=False),
+        sa.Column("slow_workers", sa.Boolean(), nullable=False),
+        sa.Column("downgrade_allowed", sa.Boolean(), nullable=False),
+        sa.Column("can_fund", sa.Boolean(), nullable=True),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_admission_records")),
     )
     op.create_index("ix_admission_records_at", "admission_records", ["at"])

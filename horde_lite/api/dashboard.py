@@ -1,0 +1,174 @@
+"""The operators' dashboard at /dashboard (docs/reference/dashboard.md): server-rendered HTML with
+inline SVG charts, one fragment route per panel that the page's script re-fetches.
+
+Access: open when `[http] open_operator_pages` is true; otherwise a moderator's key, sent as the
+`apikey` header (scripts) or once through the login form, which sets an HttpOnly, SameSite=Strict
+cookie holding a signed session (lifecycle/dashboard.py: never the key, never its hash).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from litestar import Request, Response, Router, get, post
+from litestar.config.app import AppConfig
+from litestar.datastructures import Cookie
+from litestar.params import FromPath
+from litestar.plugins import InitPluginProtocol
+from litestar.plugins.jinja import JinjaTemplateEngine
+from litestar.response import Redirect, Template
+from litestar.static_files import create_static_files_router
+from litestar.template.config import TemplateConfig
+
+from horde_lite.api.deps import HordeDep, apikey_of
+from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
+from horde_lite.lifecycle import dashboard
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.errors import HordeError
+
+COOKIE = "horde_lite_dashboard"
+PATH = "/dashboard"
+# No framing, no referrer, nothing cached, and only the app's own script and styles.
+HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
+    "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-store",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Access:
+    """Who is looking: a moderator's name, "" on open pages; `status` 401/403 when refused."""
+
+    viewer: str = ""
+    status: int = 200
+    message: str = ""
+    by_session: bool = False
+
+
+def open_pages(horde: Horde) -> bool:
+    return bool(getattr(horde.settings.http, "open_operator_pages", False))
+
+
+async def access(request: Request[Any, Any, Any], horde: Horde) -> Access:
+    if open_pages(horde):
+        return Access()
+    key = apikey_of(request)
+    if key is not None:
+        return await _by_key(horde, key)
+    user = await dashboard.session_moderator(horde, request.cookies.get(COOKIE))
+    if user is not None:
+        return Access(viewer=user.username, by_session=True)
+    return Access(status=401, message="Sign in with a moderator's API key.")
+
+
+async def _by_key(horde: Horde, key: str) -> Access:
+    try:
+        user = await dashboard.moderator(horde, key)
+    except HordeError as exc:
+        return Access(status=403 if exc.rc == "NotModerator" else 401, message=exc.message)
+    return Access(viewer=user.username)
+
+
+def _login(who: Access) -> Template:
+    return Template("login.html", context={"message": who.message}, status_code=who.status, headers=HEADERS)
+
+
+def _same_origin(request: Request[Any, Any, Any]) -> bool:
+    """A form post from this site (SameSite cookies aside, refuse another origin's posts outright)."""
+    origin = request.headers.get("origin")
+    if not origin or origin == "null":
+        return origin is None
+    return urlsplit(origin).netloc == request.headers.get("host", "")
+
+
+async def _contexts(horde: Horde, names: list[str]) -> list[dict[str, Any]]:
+    return [{"panel": PANELS[n], "ctx": await PANELS[n].build(horde)} for n in names]
+
+
+@get("/")
+async def page(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
+    who = await access(request, horde)
+    if who.status != 200:
+        return _login(who)
+    context = {
+        "panels": await _contexts(horde, list(PANELS)),
+        "viewer": who.viewer,
+        "by_session": who.by_session,
+        "refresh": REFRESH_SECONDS,
+        "now": horde.clock.now(),
+    }
+    return Template("dashboard.html", context=context, headers=HEADERS)
+
+
+@get("/panels/{name:str}")
+async def panel(
+    request: Request[Any, Any, Any], horde: HordeDep, name: FromPath[str]
+) -> Template | Response[str]:
+    who = await access(request, horde)
+    if who.status != 200:
+        return Response(who.message, status_code=who.status, media_type="text/plain", headers=HEADERS)
+    if name not in PANELS:
+        return Response(f"No panel {name!r}.", status_code=404, media_type="text/plain", headers=HEADERS)
+    (item,) = await _contexts(horde, [name])
+    return Template("fragment.html", context=item, headers=HEADERS)
+
+
+@post("/login", status_code=303)
+async def login(request: Request[Any, Any, Any], horde: HordeDep) -> Template | Redirect:
+    if not _same_origin(request):
+        return _login(Access(status=403, message="A sign-in must come from this site's own form."))
+    form = await request.form()
+    key = str(form.get("apikey") or "").strip()
+    who = await _by_key(horde, key)
+    if who.status != 200:
+        return _login(who)
+    user = await dashboard.moderator(horde, key)
+    token = dashboard.session_token(user, horde.clock.now())
+    cookie = Cookie(
+        key=COOKIE, value=token, path=PATH, max_age=dashboard.SESSION_SECONDS, httponly=True,
+        samesite="strict", secure=request.url.scheme == "https",
+    )  # fmt: skip
+    return Redirect(PATH, status_code=303, cookies=[cookie], headers=HEADERS)
+
+
+@post("/logout", status_code=303)
+async def logout(request: Request[Any, Any, Any]) -> Redirect:
+    redirect = Redirect(PATH, status_code=303, headers=HEADERS)
+    if _same_origin(request):
+        redirect.delete_cookie(COOKIE, path=PATH)
+    return redirect
+
+
+router = Router(
+    path=PATH,
+    route_handlers=[
+        page,
+        panel,
+        login,
+        logout,
+        create_static_files_router(path="/static", directories=[STATIC], name="dashboard_static"),
+    ],
+    include_in_schema=False,
+)
+
+
+def template_config() -> TemplateConfig[JinjaTemplateEngine]:
+    return TemplateConfig(
+        directory=TEMPLATES, engine=JinjaTemplateEngine, engine_callback=lambda e: filters(e.engine)
+    )
+
+
+class DashboardPlugin(InitPluginProtocol):
+    """Mounts the dashboard and its templates (an app that set its own template config keeps it)."""
+
+    def on_app_init(self, app_config: AppConfig) -> AppConfig:
+        app_config.route_handlers.append(router)
+        if app_config.template_config is None:
+            app_config.template_config = template_config()
+        return app_config

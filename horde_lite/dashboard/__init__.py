@@ -1,0 +1,1 @@
+"""The operators' dashboard: templates, static files and the SVG chart helper."""

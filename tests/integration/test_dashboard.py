@@ -1,0 +1,302 @@
+"""The operators' dashboard (/dashboard), on SQLite and PostgreSQL.
+
+- The guard and every panel's fragment, through the app in process: no key -> the sign-in page
+  (401), an ordinary key -> 403, a moderator's key (header, or once through the sign-in form that
+  sets a signed session cookie) -> the page.
+- The page in a real browser: a real `horde-lite run` server with `[http] open_operator_pages`,
+  traffic through the API, then Debian's headless Chromium (`apt-get install chromium`) loads the
+  page, runs its refresh script and dumps the DOM and a screenshot. Without Chromium the test
+  skips, or fails when HORDE_LITE_REQUIRE_BROWSER=1 (CI).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from sqlalchemy import select
+
+from bench.soak_servers import LOOPBACK, free_port, server_command, server_env
+from horde_lite.dashboard.render import PANELS
+from horde_lite.db.models import User
+from horde_lite.demo.server import make_users
+from horde_lite.lifecycle.users import set_flags
+from horde_lite.settings import Settings
+from tests.conftest import make_settings
+from tests.support.horde import ANON, HordeClient
+
+REPO = Path(__file__).resolve().parents[2]
+MODEL = "test/dash-7B"
+COOKIE = "horde_lite_dashboard"
+START_TIMEOUT = 60.0
+
+
+# --- the guard and the fragments, in process ---------------------------------------------------------
+
+CANDIDATES = {"candidate_speed_gate": "enforce_all", "candidate_allowance_curve": "jobs_per_thread"}
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    """The in-process app with candidates configured, so the comparison panel has reports."""
+    return make_settings(db_url, policies=CANDIDATES)
+
+
+async def _traffic_in_process(client: HordeClient, key: str) -> None:
+    """A worker, a finished job over its capacity (1200 at the assumed speed), a waiting request and
+    a refusal, so every panel has rows."""
+    pop = await client.pop(key, "w-guard", models=[MODEL], max_length=4096, max_context_length=8192)
+    assert pop.status_code == 200, pop.text
+    created = await client.create(
+        key, models=[MODEL], params={"max_length": 2000, "max_context_length": 4096}
+    )
+    assert created.status_code == 202, created.text
+    job = await client.pop(key, "w-guard", models=[MODEL], max_length=4096, max_context_length=8192)
+    assert job.json()["id"], job.text
+    assert (await client.submit(key, job.json()["id"], "done " * 10)).status_code == 200
+    refused = await client.create(ANON, models=[MODEL], params={"max_length": 100}, slow_workers=False)
+    assert refused.status_code == 403, refused.text
+
+
+async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
+    moderator = await client.user("mod", 100, moderator=True, trusted=True)
+    ordinary = await client.user("someone", 100)
+    await _traffic_in_process(client, moderator)
+    http = client.http
+
+    # No key: the sign-in form, 401; a fragment: a plain 401.
+    page = await http.get("/dashboard")
+    assert page.status_code == 401
+    assert 'action="/dashboard/login"' in page.text
+    assert 'name="apikey"' in page.text
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    assert (await http.get("/dashboard/panels/fleet")).status_code == 401
+    # An ordinary user's key, a wrong key, the anonymous key.
+    assert (await http.get("/dashboard", headers={"apikey": ordinary})).status_code == 403
+    assert (await http.get("/dashboard/panels/queue", headers={"apikey": ordinary})).status_code == 403
+    assert (await http.get("/dashboard", headers={"apikey": "not-a-key-at-all-xx"})).status_code == 401
+    assert (await http.get("/dashboard", headers={"apikey": ANON})).status_code == 401
+
+    # A moderator's key in the header: the page with every panel, and each panel's fragment.
+    page = await http.get("/dashboard", headers={"apikey": moderator})
+    assert page.status_code == 200, page.text
+    for name in PANELS:
+        assert f'data-panel="{name}"' in page.text
+        fragment = await http.get(f"/dashboard/panels/{name}", headers={"apikey": moderator})
+        assert fragment.status_code == 200, (name, fragment.text)
+        assert "<html" not in fragment.text
+        assert 'class="data' in fragment.text or 'class="mark' in fragment.text, (name, fragment.text)
+    assert (await http.get("/dashboard/panels/nope", headers={"apikey": moderator})).status_code == 404
+    assert "w-guard" in (await http.get("/dashboard/panels/fleet", headers={"apikey": moderator})).text
+    assert (await http.get("/dashboard/static/dashboard.js")).status_code == 200
+    assert (await http.get("/dashboard/static/dashboard.css")).status_code == 200
+
+    # The sign-in form: an ordinary key is refused and sets nothing.
+    refused = await http.post("/dashboard/login", data={"apikey": ordinary})
+    assert refused.status_code == 403
+    assert COOKIE not in refused.headers.get("set-cookie", "")
+    # A post from another site is refused outright.
+    foreign = await http.post(
+        "/dashboard/login", data={"apikey": moderator}, headers={"origin": "https://evil.example"}
+    )
+    assert foreign.status_code == 403
+    assert COOKIE not in foreign.headers.get("set-cookie", "")
+    # A moderator's key: a redirect with an HttpOnly, SameSite=Strict session cookie, never the key.
+    signed = await http.post("/dashboard/login", data={"apikey": moderator}, follow_redirects=False)
+    assert signed.status_code == 303
+    assert signed.headers["location"] == "/dashboard"
+    set_cookie = signed.headers["set-cookie"]
+    assert set_cookie.startswith(f"{COOKIE}=")
+    assert "HttpOnly" in set_cookie
+    assert "samesite=strict" in set_cookie.lower()
+    assert "Path=/dashboard" in set_cookie
+    token = set_cookie.split(";")[0].split("=", 1)[1].strip('"')
+    assert moderator not in token
+    http.cookies.clear()
+    with_session = await http.get("/dashboard", headers={"cookie": f"{COOKIE}={token}"})
+    assert with_session.status_code == 200
+    assert "Sign out" in with_session.text
+    assert (
+        await http.get("/dashboard/panels/shadow", headers={"cookie": f"{COOKIE}={token}"})
+    ).status_code == 200
+    # A tampered or truncated session is no session.
+    user_id, expires, signature = token.split(".")
+    for bad in (
+        f"{user_id}.{int(expires) + 999}.{signature}",
+        f"{user_id}.{expires}.{'0' * 64}",
+        "x.y.z",
+        "",
+    ):
+        assert (await http.get("/dashboard", headers={"cookie": f"{COOKIE}={bad}"})).status_code == 401, bad
+    # Losing the moderator flag ends the session at once.
+    async with client.horde.transaction() as session:
+        user = (await session.execute(select(User).where(User.username == "mod"))).scalar_one()
+        await set_flags(session, user, trusted=None, moderator=False)
+    assert (await http.get("/dashboard", headers={"cookie": f"{COOKIE}={token}"})).status_code == 401
+
+
+# --- the page in a real browser -------------------------------------------------------------------------
+
+
+def chromium() -> str | None:
+    return shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture
+def browser() -> str:
+    found = chromium()
+    if found is None:
+        reason = "Chromium is not installed (Debian: apt-get install -y chromium)"
+        if os.environ.get("HORDE_LITE_REQUIRE_BROWSER") == "1":
+            pytest.fail(f"{reason}; HORDE_LITE_REQUIRE_BROWSER=1 requires it")
+        pytest.skip(reason)
+    return found
+
+
+@pytest.fixture
+def served(db_url: str, tmp_path: Path) -> Iterator[str]:
+    """A real `horde-lite run` on a free loopback port, dashboard open, candidates configured."""
+    overrides: dict[str, dict[str, object]] = {
+        "http": {"open_operator_pages": True},
+        "lease": {"sweep_seconds": 0},
+        "database": {"null_pool": True},
+        "policies": CANDIDATES,
+    }
+    port = free_port()
+    log = tmp_path / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            server_command(port), cwd=tmp_path, env=server_env(db_url, overrides), stdout=out,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    base = f"http://{LOOPBACK}:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT
+        while True:
+            assert process.poll() is None, log.read_text()
+            try:
+                if httpx.get(f"{base}/api/v2/status/heartbeat", timeout=2).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"the server did not start: {log.read_text()[-3000:]}"
+            time.sleep(0.1)
+        yield base
+    finally:
+        process.terminate()
+        try:
+            process.wait(10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)
+
+
+async def _traffic(base: str, db_url: str) -> None:
+    """Through the API: two workers pop, requests are admitted (one over the workers' capacity, one
+    refused), jobs complete and one faults, one request stays waiting."""
+    keys = await make_users(db_url, {"volunteer": 0, "client": 1000})
+    worker_key, client_key = keys["volunteer"], keys["client"]
+    pop_body = {"models": [MODEL], "max_length": 4096, "max_context_length": 8192}
+    async with httpx.AsyncClient(base_url=base, timeout=30) as http:
+
+        async def pop(name: str) -> str | None:
+            r = await http.post(
+                "/api/v2/generate/text/pop", json={"name": name, **pop_body}, headers={"apikey": worker_key}
+            )
+            assert r.status_code == 200, r.text
+            return r.json()["id"]
+
+        async def create(key: str, max_length: int, **extra: object) -> httpx.Response:
+            body = {
+                "prompt": "Hi",
+                "models": [MODEL],
+                "params": {"max_length": max_length, "max_context_length": 4096},
+            }
+            return await http.post(
+                "/api/v2/generate/text/async", json={**body, **extra}, headers={"apikey": key}
+            )
+
+        async def submit(job: str, state: str = "ok") -> None:
+            r = await http.post(
+                "/api/v2/generate/text/submit", json={"id": job, "generation": "word " * 40, "state": state},
+                headers={"apikey": worker_key},
+            )  # fmt: skip
+            assert r.status_code == 200, r.text
+
+        assert await pop("dash-alpha") is None
+        assert await pop("dash-beta") is None  # check in
+        for length in (2000, 300, 200, 600):  # 2000: over the assumed capacity of 1200
+            assert (await create(client_key, length)).status_code == 202
+        refused = await create(ANON, 100, slow_workers=False)
+        assert refused.status_code == 403, refused.text
+        first = await pop("dash-alpha")
+        second = await pop("dash-beta")
+        third = await pop("dash-alpha")
+        assert first
+        assert second
+        assert third
+        await submit(first)
+        await submit(second, "faulted")
+        await submit(third)
+
+
+def _panels(dom: str) -> dict[str, str]:
+    found = re.findall(
+        r'<section class="panel[^"]*"[^>]*data-panel="([a-z]+)"([^>]*)>(.*?)</section>', dom, re.S
+    )
+    return {name: attrs + body for name, attrs, body in found}
+
+
+async def test_the_page_shows_every_panel_in_a_browser(
+    browser: str, served: str, db_url: str, tmp_path: Path
+) -> None:
+    await _traffic(served, db_url)
+    profile = tmp_path / "chromium-profile"
+    common = [
+        browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+        "--disable-background-networking", "--disable-component-update", "--disable-sync",
+        "--disable-dev-shm-usage", "--hide-scrollbars", f"--user-data-dir={profile}",
+        "--virtual-time-budget=4000",
+    ]  # fmt: skip
+    url = f"{served}/dashboard"
+    dumped = await asyncio.to_thread(
+        subprocess.run, [*common, "--dump-dom", url], capture_output=True, text=True, timeout=60
+    )
+    dom = dumped.stdout
+    assert dumped.returncode == 0, dumped.stderr[-3000:]
+    assert "<main" in dom, dumped.stderr[-3000:]
+    panels = _panels(dom)
+    assert set(panels) == set(PANELS), sorted(panels)
+    assert re.search(r'data-rounds="[1-9]', dom), "the refresh script did not complete a round"
+    for name, html in panels.items():
+        assert "data-updated=" in html, f"{name}: not refreshed by the script"
+        assert '<tr class="data' in html or re.search(r'<svg[^>]*>.*class="mark', html, re.S), name
+    for name in ("queue", "shadow", "allowance", "candidates"):
+        assert re.search(r'<svg[^>]*>.*class="mark', panels[name], re.S), f"{name}: no chart with data"
+    assert "dash-alpha" in panels["fleet"]
+    assert "dash-beta" in panels["fleet"]
+    assert "refused" in panels["allowance"]
+    assert "enforce_all" in panels["candidates"]
+
+    shot = tmp_path / "dashboard.png"
+    taken = await asyncio.to_thread(
+        subprocess.run, [*common, f"--screenshot={shot}", "--window-size=1400,2400", url],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert taken.returncode == 0, taken.stderr[-3000:]
+    assert shot.exists(), taken.stderr[-3000:]
+    assert shot.stat().st_size > 10_000, taken.stderr[-3000:]
+    results = REPO / "bench" / "results"
+    results.mkdir(parents=True, exist_ok=True)
+    kind = "postgresql" if db_url.startswith("postgresql") else "sqlite"
+    copy = results / ("dashboard.png" if kind == "sqlite" else f"dashboard-{kind}.png")
+    shutil.copy(shot, copy)
+    print(f"dashboard screenshot ({kind}): {shot} (copied to {copy})")
