@@ -30,6 +30,8 @@ from tests.support.postgres import PostgresTarget, require_postgres, resolve_pos
 # Each test run gets its own database on the server, dropped when the run ends, so two runs against
 # one PostgreSQL never collide. HORDE_LITE_TEST_PG_DB names a fixed one instead (kept afterwards).
 _FIXED_PG_DB = os.environ.get("HORDE_LITE_TEST_PG_DB")
+if _FIXED_PG_DB and os.environ.get("PYTEST_XDIST_WORKER"):  # one database per xdist worker
+    _FIXED_PG_DB = f"{_FIXED_PG_DB}_{os.environ['PYTEST_XDIST_WORKER']}"
 PG_TEST_DB = _FIXED_PG_DB or f"horde_lite_tests_{os.getpid()}_{uuid.uuid4().hex[:8]}"
 _pg: PostgresTarget | None = None
 _pg_created: str | None = None  # the base server URL, once this run has created PG_TEST_DB

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Select, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -16,6 +16,7 @@ from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import (
     Rules,
+    built_once,
     capable_worker_online,
     eligibility_clauses,
     request_offered,
@@ -44,6 +45,32 @@ POP_PAGE = 32
 _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
 
 
+def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
+    """The pop's judging statement (built once; see `built_once`): the first of the requests
+    `among` (user ids or request ids) that worker `worker_id` may take, in queue order."""
+
+    def build(symbolic: Rules) -> Select[Any]:
+        r = TextRequest
+        among = (r.user_id if by == "user" else r.id).in_(bindparam("among", expanding=True))
+        query = (
+            select(r)
+            .join(_W, _W.id == bindparam("worker_id"))
+            .where(
+                among,
+                *request_offered(r, symbolic.now),
+                *eligibility_clauses(_W, r, symbolic, ignore_paused=fake),
+            )
+            .order_by(r.effective_start, r.created_at, r.id)
+            .limit(1)
+        )
+        if fake:
+            # A paused worker's job is a copy from other users' requests; nothing is claimed.
+            return query.where(r.user_id != bindparam("owner_id"))
+        return query.with_for_update(of=r, skip_locked=True)
+
+    return built_once(rules, ("pop", fake, by), build)
+
+
 async def _candidate(
     session: AsyncSession, horde: Horde, policies: Policies, worker: Worker, now: float, *, fake: bool
 ) -> TextRequest | None:
@@ -54,27 +81,19 @@ async def _candidate(
     walking the queue's index over the worker's models a page at a time (lifecycle/queue_index.py);
     each candidate page is judged by the one eligibility check and claimed with SKIP LOCKED."""
     rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
-    r = TextRequest
-    judged = (
-        select(r)
-        .join(_W, _W.id == worker.id)
-        .where(*request_offered(r, now), *eligibility_clauses(_W, r, rules, ignore_paused=fake))
-        .order_by(r.effective_start, r.created_at, r.id)
-        .limit(1)
-    )
-    if fake:
-        # A paused worker's job is a copy from other users' requests; nothing is claimed.
-        judged = judged.where(r.user_id != worker.owner_id)
-    else:
-        judged = judged.with_for_update(of=r, skip_locked=True)
-    preferred = [worker.owner_id, *worker.priority_user_ids]
-    found = (await session.execute(judged.where(r.user_id.in_(preferred)))).scalars().first()
+    params: dict[str, Any] = {"now": now, "worker_id": worker.id, "owner_id": worker.owner_id}
+
+    async def first(by: str, among: list[Any]) -> TextRequest | None:
+        query = _judged(rules, fake=fake, by=by)
+        return (await session.execute(query, {**params, "among": among})).scalars().first()
+
+    found = await first("user", [worker.owner_id, *worker.priority_user_ids])
     if found is not None or worker.maintenance:
         return found  # a worker in maintenance takes only its owner's requests
     async for rows in queue_index.walk(
         session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker)
     ):
-        found = (await session.execute(judged.where(r.id.in_([row[0] for row in rows])))).scalars().first()
+        found = await first("id", [row[0] for row in rows])
         if found is not None:
             return found
     return None

@@ -7,10 +7,11 @@ competing work / the eligible workers' combined lease speed.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, and_, cast, false, func, select, true
+from sqlalchemy import Text, and_, bindparam, cast, false, func, select, true
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -25,6 +26,7 @@ from horde_lite.lifecycle.eligibility import (
     Rules,
     WorkerFacts,
     admits,
+    built_once,
     capable_worker_online,
     eligibility_clauses,
     gate_passes,
@@ -78,26 +80,13 @@ async def estimate(
        `_Judge`). The walk stops at R, or once the work counted would keep those workers busy for
        the horizon (`[allowance] estimate_horizon_seconds`): a longer wait changes no allowance.
     """
-    r = _R
-    head = (
-        await session.execute(
-            select(
-                r.max_length * r.n_remaining, r.effective_start, r.created_at, capable_worker_online(r, rules)
-            ).where(r.id == request_id)
-        )
-    ).one_or_none()
+    values = {"now": rules.now, "request_id": request_id}
+    head = (await session.execute(built_once(rules, ("estimate head",), _head), values)).one_or_none()
     if head is None:
         return Estimate(0, 0, 0.0, 0, 0, 0, 0)
     own, start, created, capable = head
-    w = _W
-    workers = (
-        await session.execute(
-            select(w.threads, worker_speed(w, rules), *_WORKER_FACTS)
-            .select_from(r)
-            .join(w, and_(*eligibility_clauses(w, r, rules, capable=true() if capable else false())))
-            .where(r.id == request_id)
-        )
-    ).all()
+    eligible_workers = built_once(rules, ("estimate workers", bool(capable)), _workers(bool(capable)))
+    workers = (await session.execute(eligible_workers, values)).all()
     if not workers:
         return Estimate(0, 0, 0.0, 0, 0, 0, int(own or 0))
     threads = sum(int(row[0]) for row in workers)
@@ -140,6 +129,29 @@ async def estimate(
         if work >= horizon:
             break
     return Estimate(len(eligible), threads, speed, work, jobs, requests, int(own or 0))
+
+
+def _head(rules: Rules) -> Any:
+    """R's own remaining output, its queue key, and whether a capable worker for R is online."""
+    r = _R
+    return select(
+        r.max_length * r.n_remaining, r.effective_start, r.created_at, capable_worker_online(r, rules)
+    ).where(r.id == bindparam("request_id"))
+
+
+def _workers(capable: bool) -> Callable[[Rules], Any]:
+    """R's eligible workers as facts, given whether a capable worker for R is online."""
+
+    def build(rules: Rules) -> Any:
+        r, w = _R, _W
+        return (
+            select(w.threads, worker_speed(w, rules), *_WORKER_FACTS)
+            .select_from(r)
+            .join(w, and_(*eligibility_clauses(w, r, rules, capable=true() if capable else false())))
+            .where(r.id == bindparam("request_id"))
+        )
+
+    return build
 
 
 class _Judge:

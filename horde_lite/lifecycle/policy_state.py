@@ -10,13 +10,11 @@ has one keeps it, and a process whose settings name another policy runs the data
 WARNING saying how to switch (`horde-lite policies use ...`, or SIGHUP after editing the file). So
 a restart never undoes a switch, and two processes with different files still run one policy.
 
-Each server process watches the table (`PolicyWatcher`): every `[policies] reload_seconds`, and at
-once when woken (in process by a switch it made, on PostgreSQL by the NOTIFY a switch sends on the
-requests' channel), it reads the rows and, for each kind whose version differs from the one it
-applies, builds the new policy through the registry and replaces `horde.policies` as a whole (one
-attribute assignment: a request holds whichever object it read). A policy that fails to build in
-this process keeps the old one and logs an ERROR once per version. The poll is the guarantee; the
-wake-up only shortens the wait.
+Each server process watches the table (`PolicyWatcher`): every `[policies] reload_seconds` (and
+at once for a switch it made itself) it reads the rows and, for each kind whose version differs
+from the one it applies, builds the new policy through the registry and replaces `horde.policies`
+as a whole (one attribute assignment: a request holds whichever object it read). A policy that
+fails to build in this process keeps the old one and logs an ERROR once per version.
 """
 
 from __future__ import annotations
@@ -30,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
@@ -40,7 +38,6 @@ from horde_lite.db.engine import make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.notify import CHANNEL
 from horde_lite.lifecycle.users import authenticate
 from horde_lite.policies.protocols import KINDS
 from horde_lite.policies.registry import build, load_policies
@@ -48,9 +45,6 @@ from horde_lite.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("horde_lite.policies")
 
-# The notifier key a switch wakes watchers with: never a request id (those are UUIDs).
-WAKE_KEY = "policy_state"
-_NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,14 +156,13 @@ async def switch(
 ) -> SwitchResult:
     """Make `name` with `options` the `kind` policy of every process of the horde.
 
-    `target` is a running horde (a server process: its watcher is woken at commit) or an engine (the
+    `target` is a running horde (a server process, which applies it at once) or an engine (the
     CLI). The policy is first built exactly as start-up builds it (registry.build): a name that is
     not installed here, or a bad option, raises `PolicyError` with the registry's message and
     nothing is written. Otherwise, under the kind's row lock, the row gets version + 1, the options
     and `changed_at`, and a policy_changes row records the switch with `source`; a kind with no row
     yet gets version 1. Asking for the policy already in force (same name and options) writes
-    nothing and returns `changed=False`. On PostgreSQL the transaction also sends a NOTIFY that
-    wakes every process's watcher when it commits; the watchers' poll covers SQLite.
+    nothing and returns `changed=False`. The other processes apply it at their next poll.
     """
     build(kind, name, options)  # refuse before writing anything
     if now is None:
@@ -189,11 +182,8 @@ async def switch(
             version = row.version
         session.add(PolicyChange(at=now, kind=kind, old_name=old_name, new_name=name, options=options,
                                  source=source))  # fmt: skip
-        if isinstance(target, Horde):
-            target.notifier.on_commit(session, WAKE_KEY)  # here at once; NOTIFY to the others
-        elif session.get_bind().dialect.name == "postgresql":
-            # Any token but a process's own: every listener passes it on to its watcher.
-            await session.execute(_NOTIFY, {"channel": CHANNEL, "payload": f"{source}:{WAKE_KEY}"})
+    if isinstance(target, Horde):
+        await apply_changes(target)  # this process at once; the others at their next poll
     return SwitchResult(kind, old_name, old_options, name, dict(options), version, True)
 
 
@@ -341,6 +331,9 @@ async def reload_settings_file(
     return results
 
 
+STOP_SECONDS = 5.0
+
+
 class PolicyWatcher:
     """A server process's watch over policy_state, and its SIGHUP handler."""
 
@@ -374,29 +367,30 @@ class PolicyWatcher:
             log.error("SIGHUP: reloading the policies failed: %s", task.exception())
 
     async def _watch(self) -> None:
+        # A plain poll. Waking it early through the notifier (a NOTIFY, or the listener's
+        # reconnection) let a watch step run beside requests just after the database had dropped
+        # every connection, and one request then stalled until the next drop; the poll has no
+        # such race, and `reload_seconds` (2 s) is the documented bound.
         interval = self.horde.settings.policies.reload_seconds
-        woken = self.horde.notifier.subscribe(WAKE_KEY)
-        try:
-            while True:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(woken.wait(), interval)
-                woken.clear()
-                try:
-                    await apply_changes(self.horde, self.failed)
-                except Exception as exc:  # the database may be away: try again at the next poll
-                    log.warning("policy watch: reading policy_state failed, retrying: %s", exc)
-        finally:
-            self.horde.notifier.unsubscribe(WAKE_KEY, woken)
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await apply_changes(self.horde, self.failed)
+            except Exception as exc:  # the database may be away: try again at the next poll
+                log.warning("policy watch: reading policy_state failed, retrying: %s", exc)
 
     async def stop(self) -> None:
         if self._sighup:
             with contextlib.suppress(Exception):
                 asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
-        for task in [self._task, *self._reloads]:
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):  # logged when it ended
-                    await task
+        tasks = [task for task in (self._task, *self._reloads) if task is not None]
+        for task in tasks:
+            task.cancel()
+        if tasks:
+            # Bounded: shutdown must not hang on a watch step stuck in the database.
+            _, stuck = await asyncio.wait(tasks, timeout=STOP_SECONDS)
+            if stuck:
+                log.warning("policy watch: %d task(s) did not stop within %.0f s", len(stuck), STOP_SECONDS)
         self._task = None
 
 
