@@ -3,6 +3,7 @@ WHERE clause, hand it out with a lease, and write the shadow record of the speed
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -112,8 +113,7 @@ async def _record_assignments(
     policies: Policies,
     worker: Worker,
     request: TextRequest,
-    generations: list[Generation],
-    speed: float,
+    assignments: list[Assignment],
     over: bool,
     now: float,
 ) -> None:
@@ -124,20 +124,9 @@ async def _record_assignments(
     capable = await _capable_online(session, rules, request) if over else None
     records: list[AssignmentRecord | CandidateRecord] = [
         AssignmentRecord(
-            generation_id=g.id,
-            at=g.popped_at,
-            request_id=request.id,
-            worker_id=worker.id,
-            worker_trusted=worker.trusted,
-            is_chat=request.is_chat,
-            max_length=request.max_length,
-            capacity=worker.capacity,
-            speed=speed,
-            over_capacity=over,
-            capable_online=capable,
-            speed_gate=policies.names["speed_gate"],
+            **dataclasses.asdict(a), at=now, capable_online=capable, speed_gate=policies.names["speed_gate"]
         )
-        for g in generations
+        for a in assignments
     ]
     candidate = policies.candidate_speed_gate
     if candidate is not None:
@@ -167,7 +156,7 @@ async def _record_assignments(
                     decision="assigned",
                     candidate_decision="refused",
                 )
-                for _ in generations  # one per job, as the assignment records
+                for _ in assignments  # one per job, as the assignment records
             )
     session.add_all(records)
 
@@ -227,26 +216,28 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
     session.add_all(generations)
     await session.flush()
     if not fake:
-        for generation in generations:
-            policies.shadow_metrics.on_assignment(
-                horde.metrics,
-                Assignment(
-                    generation_id=generation.id,
-                    request_id=request.id,
-                    worker_id=worker.id,
-                    worker_trusted=worker.trusted,
-                    is_chat=request.is_chat,
-                    max_length=request.max_length,
-                    capacity=worker.capacity,
-                    speed=speed,
-                    over_capacity=over,
-                ),
+        # The shadow record of each job, for the metrics and the stored history alike.
+        assignments = [
+            Assignment(
+                generation_id=generation.id,
+                request_id=request.id,
+                worker_id=worker.id,
+                worker_trusted=worker.trusted,
+                is_chat=request.is_chat,
+                max_length=request.max_length,
+                capacity=worker.capacity,
+                speed=speed,
+                over_capacity=over,
             )
+            for generation in generations
+        ]
+        for assignment in assignments:
+            policies.shadow_metrics.on_assignment(horde.metrics, assignment)
             horde.metrics.queue_wait_seconds.record(
                 max(0.0, now - request.created_at),
                 wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
             )
-        await _record_assignments(session, horde, policies, worker, request, generations, speed, over, now)
+        await _record_assignments(session, horde, policies, worker, request, assignments, over, now)
         horde.notifier.on_commit(session, request.id)
     return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
 

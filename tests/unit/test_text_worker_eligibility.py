@@ -22,7 +22,12 @@ from sqlalchemy import delete, literal, select
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
 from horde_lite.db.sqltypes import JsonList, TextArrayContainsAll, TextArrayHas, TextArraysOverlap
 from horde_lite.lifecycle import dispatch
-from horde_lite.lifecycle.eligibility import RequestFacts, WorkerFacts, is_eligible
+from horde_lite.lifecycle.eligibility import (
+    RequestFacts,
+    is_eligible,
+    request_facts,
+    worker_facts,
+)
 from horde_lite.lifecycle.estimate import Estimate, estimate
 from horde_lite.lifecycle.inputs import ChatBlock, PopInput
 from horde_lite.lifecycle.workers import capacity_for, worker_name_key
@@ -472,46 +477,6 @@ async def _create(client: HordeClient, key: str, drawn: dict[str, Any], ids: lis
     return response.json()["id"]
 
 
-def _worker_facts(w: Worker) -> WorkerFacts:
-    return WorkerFacts(
-        id=w.id,
-        owner_id=w.owner_id,
-        last_check_in=w.last_check_in,
-        models=frozenset(w.models),
-        max_length=w.max_length,
-        max_context_length=w.max_context_length,
-        capacity=w.capacity,
-        lease_speed=w.lease_speed,
-        trusted=w.trusted,
-        nsfw=w.nsfw,
-        maintenance=w.maintenance,
-        paused=w.paused,
-        chat_max_completion_tokens=w.chat_max_completion_tokens,
-        chat_max_context_tokens=w.chat_max_context_tokens,
-        chat_features=frozenset(w.chat_features),
-        chat_image_transports=frozenset(w.chat_image_transports),
-    )
-
-
-def _request_facts(r: TextRequest) -> RequestFacts:
-    return RequestFacts(
-        user_id=r.user_id,
-        is_chat=r.is_chat,
-        max_length=r.max_length,
-        max_context_length=r.max_context_length,
-        prompt_tokens=r.prompt_tokens,
-        models=frozenset(r.models),
-        required_features=frozenset(r.required_features),
-        required_transports=frozenset(r.required_transports),
-        worker_allow=frozenset(r.worker_allow) if r.targeted else frozenset(),
-        worker_deny=frozenset(r.worker_deny),
-        trusted_workers=r.trusted_workers,
-        slow_workers=r.slow_workers,
-        nsfw=r.nsfw,
-        failed_workers=frozenset(r.failed_workers),
-    )
-
-
 def _pop_input(spec: Spec) -> PopInput:
     chat = None
     if spec.chat is not None:
@@ -560,10 +525,10 @@ async def test_every_reader_agrees_with_the_eligibility_check(
     rules = horde.rules(now)
     async with horde.sessionmaker() as session:
         requests = {r.id: r for r in (await session.execute(select(TextRequest))).scalars()}
-    facts = [_worker_facts(w) for w in rows.values()]
+    facts = [worker_facts(w) for w in rows.values()]
     by_id = {f.id: f for f in facts}
     speed_of = {f.id: f.lease_speed if f.lease_speed is not None else rules.assumed_speed for f in facts}
-    rfacts = {rid: _request_facts(r) for rid, r in requests.items()}
+    rfacts = {rid: request_facts(r) for rid, r in requests.items()}
     eligible = {rid: {f.id for f in facts if is_eligible(f, rf, facts, rules)} for rid, rf in rfacts.items()}
 
     # The wait estimate reads the same check: eligible workers, their speed, the competing work.
