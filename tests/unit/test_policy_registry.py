@@ -102,7 +102,7 @@ def test_policies_are_selected_by_name_from_settings() -> None:
     assert type(policies.shadow_metrics) is installed("shadow_metrics")["off"].load()
 
 
-def test_defaults_are_the_seeds_choices() -> None:
+def test_defaults_are_the_documented_choices() -> None:
     policies = load_policies(make_settings(NOWHERE).policies)
     assert policies.names == {
         "speed_gate": "prefer_capable",
