@@ -484,7 +484,8 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
     row.free_allowance = allowance
     row.allowance_outcome = outcome
-    await queue_index.enter(session, row)
+    if not spec.dry_run:  # a dry run is rolled back: nothing walks the queue before that
+        await queue_index.enter(session, row)
     if outcome == "funded" or requester.shared_key is not None:
         await kudos.place_hold(
             session, requester.user.id, row.id, cost, now,

@@ -198,7 +198,7 @@ def _chat(worker: Worker) -> str:
 async def fleet(horde: Horde) -> list[FleetRow]:
     """Every worker not deleted, online ones first, then by name."""
     now = horde.clock.now()
-    online_since = now - horde.settings.worker.online_seconds
+    online_since = horde.rules(now).online_since  # the eligibility check's own "online"
     query = (
         select(Worker)
         .where(Worker.deleted_at.is_(None))
