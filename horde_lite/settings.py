@@ -1,18 +1,22 @@
 """Typed settings read from `litestar.toml`, overridden by `HORDE_LITE_<TABLE>__<KEY>` variables.
 
 Litestar does not read the file itself: the app factory calls `load_settings()`. msgspec structs
-with `forbid_unknown_fields` make an unknown key or a wrong type stop start-up with a message that
-names the exact key.
+with `forbid_unknown_fields` make an unknown key or a wrong type stop start-up; `SettingsError`
+then names where the value came from (the file or the variable), the key and what was expected.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import msgspec
+import platformdirs
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
 
 ENV_PREFIX = "HORDE_LITE_"
 CONFIG_ENV = "HORDE_LITE_CONFIG"
@@ -23,12 +27,62 @@ class _Table(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=Tr
     pass
 
 
+def data_dir() -> Path:
+    """Where the default SQLite file lives: the user's data directory (on Linux
+    `$XDG_DATA_HOME/horde-lite`, else `~/.local/share/horde-lite`), whatever the current directory."""
+    return platformdirs.user_data_path("horde-lite")
+
+
+def default_database_url() -> str:
+    return f"sqlite+aiosqlite:///{data_dir() / 'horde_lite.db'}"
+
+
+# The drivers horde_lite runs on, and what a URL naming another driver of the same database means.
+DRIVERS = {"sqlite": "sqlite+aiosqlite", "postgresql": "postgresql+asyncpg"}
+SCHEMES = {"postgres": "postgresql", "postgresql": "postgresql", "sqlite": "sqlite"}
+
+
+def masked(url: str) -> str:
+    """A database URL fit for a log line or an error: the password replaced by ***."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except ArgumentError:
+        return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+
+
+def check_database_url(url: str) -> None:
+    """Refuse a URL horde_lite cannot open, saying what to write instead."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ValueError(
+            f"[database] url {masked(url)!r} is not a database URL; write sqlite+aiosqlite:///PATH "
+            "or postgresql+asyncpg://USER:PASSWORD@HOST:5432/DATABASE"
+        ) from None
+    scheme = parsed.drivername.partition("+")[0]
+    database = SCHEMES.get(scheme)
+    if database is None:
+        raise ValueError(
+            f"[database] url {masked(url)}: horde_lite runs on SQLite (sqlite+aiosqlite:///PATH) "
+            "or PostgreSQL (postgresql+asyncpg://USER:PASSWORD@HOST:5432/DATABASE)"
+        )
+    wanted = DRIVERS[database]
+    if parsed.drivername != wanted:
+        fixed = parsed.set(drivername=wanted).render_as_string(hide_password=True)
+        driver = wanted.partition("+")[2]
+        raise ValueError(f"[database] url {masked(url)}: horde_lite needs the {driver} driver; write {fixed}")
+
+
 class DatabaseSettings(_Table):
-    url: str = "sqlite+aiosqlite:///horde_lite.db"
+    # A setting or HORDE_LITE_DATABASE__URL wins; the default does not depend on the current directory.
+    url: str = msgspec.field(default_factory=default_database_url)
     echo: bool = False
     # No connection pool: each transaction opens its own connection (tests drive one app from two
     # event loops; a pooled asyncpg connection belongs to the loop that opened it).
     null_pool: bool = False
+
+    def __post_init__(self) -> None:
+        check_database_url(self.url)
 
 
 class LeaseSettings(_Table):
@@ -184,23 +238,32 @@ def _read_toml(path: Path) -> dict[str, Any]:
     return raw
 
 
-def _env_overrides(environ: dict[str, str]) -> dict[str, dict[str, str]]:
-    out: dict[str, dict[str, str]] = {}
+Overrides = dict[str, dict[str, tuple[str, str]]]  # table -> field -> (variable name, raw value)
+
+
+def _env_overrides(environ: dict[str, str]) -> Overrides:
+    out: Overrides = {}
     for key, value in environ.items():
         if not key.startswith(ENV_PREFIX) or "__" not in key:
             continue
         table, _, field = key[len(ENV_PREFIX) :].lower().partition("__")
-        out.setdefault(table, {})[field] = value
+        out.setdefault(table, {})[field] = (key, value)
     return out
 
 
-def _coerce_env(table_type: type[_Table], table: str, field: str, value: str) -> Any:
+def _field_names(table_type: Any) -> list[str]:
+    return [f.name for f in msgspec.structs.fields(table_type)]
+
+
+def _tables() -> dict[str, Any]:
+    return {f.name: f.type for f in msgspec.structs.fields(Settings)}
+
+
+def _coerce_env(table_type: type[_Table], table: str, field: str, variable: str, value: str) -> Any:
     """Environment values are strings: decode them as the field's type (TOML syntax)."""
     fields = {f.name: f for f in msgspec.structs.fields(table_type)}
     if field not in fields:
-        raise SettingsError(
-            f"{ENV_PREFIX}{table.upper()}__{field.upper()}: unknown setting [{table}] {field}"
-        )
+        raise SettingsError(f"{variable}: [{table}] has no key {field!r} (its keys: {', '.join(fields)})")
     if fields[field].type is str or fields[field].type == "str":
         return value
     try:
@@ -209,24 +272,74 @@ def _coerce_env(table_type: type[_Table], table: str, field: str, value: str) ->
         return value
 
 
+# msgspec's type names as an operator reads them.
+_TYPES = {"float": "a number", "int": "a whole number", "bool": "true or false", "str": "a string",
+          "array": "a list", "object": "a table", "null": "nothing"}  # fmt: skip
+_ERROR = re.compile(r"^(?P<what>.*?)(?: - at `\$(?P<at>[^`]*)`)?$", re.S)
+
+
+def _explain(error: msgspec.ValidationError, file: str | None, env: Overrides) -> str:
+    """One line naming the source (file or variable), the key and what is wrong."""
+    match = _ERROR.match(str(error))
+    assert match is not None  # the pattern matches any text
+    what, at = match["what"], [p for p in (match["at"] or "").split(".") if p]
+    table = at[0] if at else None
+    key = at[1].partition("[")[0] if len(at) > 1 else None
+    unknown = re.match(r"Object contains unknown field `(.+)`", what)
+    if unknown:  # the unknown key is named in the message, its table in the path
+        key, table = (unknown[1], table) if table else (None, unknown[1])
+    origin = env.get(table or "", {}).get(key or "")
+    source = f"{origin[0]}={origin[1]!r}" if origin else (file or "the defaults")
+    if table and key is None and not unknown:  # a rule over a table: blame the keys it names
+        fields = _field_names(_tables()[table])
+        mentioned = [f for f in fields if re.search(rf"\b{f}\b", what)] or fields
+        from_env = [env[table][f][0] for f in mentioned if f in env.get(table, {})]
+        from_file = [file] if file and len(from_env) < len(mentioned) else []
+        source = " and ".join([*from_env, *from_file]) or source
+    if unknown and key is None:
+        return f"{source}: unknown table [{table}] (the tables: {', '.join(_field_names(Settings))})"
+    if unknown:
+        known = _field_names(_tables()[table])
+        return f"{source}: unknown key {key!r} in [{table}] (its keys: {', '.join(known)})"
+    typed = re.match(r"Expected `(\w+)[^`]*`, got `(\w+)`", what)
+    if typed:
+        what = f"expected {_TYPES.get(typed[1], typed[1])}, got {_TYPES.get(typed[2], typed[2])}"
+    place = f"[{table}] {key}" if key else f"[{table}]" if table else ""
+    if place and what.startswith(f"[{table}]"):
+        place = ""  # the rule's message names its table already
+    return f"{source}: {place + ': ' if place else ''}{what}"
+
+
+def settings_file(environ: dict[str, str] | None = None) -> tuple[Path, bool]:
+    """The settings file to read and whether it was named explicitly (HORDE_LITE_CONFIG)."""
+    environ = os.environ if environ is None else environ
+    return Path(environ.get(CONFIG_ENV, DEFAULT_CONFIG)), CONFIG_ENV in environ
+
+
 def load_settings(path: str | Path | None = None, environ: dict[str, str] | None = None) -> Settings:
     """Read the toml file (if any), apply environment overrides and validate everything."""
     environ = dict(os.environ if environ is None else environ)
-    explicit = path is not None or CONFIG_ENV in environ
-    config_path = Path(path if path is not None else environ.get(CONFIG_ENV, DEFAULT_CONFIG))
+    config_path, explicit = (Path(path), True) if path is not None else settings_file(environ)
     data: dict[str, Any] = {}
     if config_path.exists():
         data = _read_toml(config_path)
     elif explicit:
-        raise SettingsError(f"settings file {config_path} does not exist")
-    table_types = {f.name: f.type for f in msgspec.structs.fields(Settings)}
-    for table, fields in _env_overrides(environ).items():
+        hint = f" ({CONFIG_ENV} names it)" if path is None else ""
+        raise SettingsError(f"settings file {config_path} does not exist{hint}")
+    table_types = _tables()
+    env = _env_overrides(environ)
+    for table, fields in env.items():
         if table not in table_types:
-            raise SettingsError(f"{ENV_PREFIX}{table.upper()}__...: unknown settings table [{table}]")
+            variable = next(iter(fields.values()))[0]
+            raise SettingsError(
+                f"{variable}: unknown settings table [{table}] (the tables: {', '.join(table_types)})"
+            )
         section = data.setdefault(table, {})
-        for field, value in fields.items():
-            section[field] = _coerce_env(table_types[table], table, field, value)
+        if not isinstance(section, dict):
+            raise SettingsError(f"{config_path}: {table} must be a table ([{table}])")
+        for field, (variable, value) in fields.items():
+            section[field] = _coerce_env(table_types[table], table, field, variable, value)
     try:
         return msgspec.convert(data, Settings, strict=False)
     except msgspec.ValidationError as e:
-        raise SettingsError(f"{config_path}: {e}") from e
+        raise SettingsError(_explain(e, str(config_path) if config_path.exists() else None, env)) from e

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -42,6 +43,12 @@ def _postgres() -> PostgresTarget:
     if _pg is None:
         _pg = resolve_postgres()
     return _pg
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # The default database lives in the user's data directory: a test (or a CLI it starts) that
+    # falls back to it must never touch the real one.
+    os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="horde-lite-test-data-")
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -7,6 +7,7 @@ makes writers queue instead of failing. PostgreSQL claims rows with FOR UPDATE S
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
@@ -29,8 +30,18 @@ def _in_memory(url: str) -> bool:
     return is_sqlite(url) and make_url(url).database in (None, "", ":memory:")
 
 
+def _default_directory(url: str) -> None:
+    """The default SQLite file's directory is created on first use (a configured path's directory
+    is the operator's: a missing one is reported at start-up, not guessed at)."""
+    from horde_lite.settings import default_database_url
+
+    if url == default_database_url():
+        Path(make_url(url).database or "").parent.mkdir(parents=True, exist_ok=True)
+
+
 def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> AsyncEngine:
     kwargs: dict[str, Any] = {"echo": echo}
+    _default_directory(url)
     if is_sqlite(url):
         kwargs["connect_args"] = {"timeout": SQLITE_BUSY_TIMEOUT_MS / 1000}
     if null_pool:

@@ -339,7 +339,7 @@ def test_policies_list_shows_every_installed_policy_and_marks_the_selected(
     (tmp_path / "litestar.toml").write_text(f'[policies.speed_gate]\nname = "{third_party.gate}"\n')
     result = CliRunner().invoke(cli.policies, ["list"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
-    rows = [line.split() for line in result.output.splitlines() if line.strip()]
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()]
     marked = {(r[1], r[2]) for r in rows if r[0] == "*"}
     assert marked == {
         ("speed_gate", third_party.gate),

@@ -9,13 +9,13 @@ import msgspec
 import pytest
 
 from horde_lite.policies.registry import PolicyError, load_policies
-from horde_lite.settings import Settings, SettingsError, load_settings
+from horde_lite.settings import Settings, SettingsError, default_database_url, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
 
 # docs/reference/operators.md's settings tables, key by key.
 CONTRACT: dict[str, dict[str, object]] = {
-    "database": {"url": "sqlite+aiosqlite:///horde_lite.db"},
+    "database": {"url": default_database_url()},
     "lease": {
         "base_seconds": 150,
         "preparation_allowance_seconds": 30,
@@ -71,8 +71,13 @@ def test_repo_litestar_toml_lists_every_table_and_key() -> None:
                 assert raw["policies"][kind]["name"] == getattr(Settings().policies, kind)
             continue
         table = getattr(Settings(), field.name)
+        text = (ROOT / "litestar.toml").read_text()
         for sub in msgspec.structs.fields(table):
-            assert sub.name in raw[field.name], f"[{field.name}] {sub.name} missing from litestar.toml"
+            # [database] url is shown commented out: its default is computed (the user's data directory)
+            shown = sub.name in raw[field.name] or (
+                (field.name, sub.name) == ("database", "url") and "# url = " in text
+            )
+            assert shown, f"[{field.name}] {sub.name} missing from litestar.toml"
 
 
 def test_no_file_means_defaults(elsewhere: Path) -> None:
@@ -148,12 +153,12 @@ def test_missing_named_file_is_an_error(elsewhere: Path) -> None:
     [
         ("[lease]\nbase_secs = 10\n", "base_secs"),
         ("[leases]\nbase_seconds = 10\n", "leases"),
-        ('[lease]\nbase_seconds = "soon"\n', "lease.base_seconds"),
-        ("[speed]\nsamples = 2.5\n", "speed.samples"),
-        ("[database]\nurl = 5\n", "database.url"),
-        ("[request]\nmax_length_limit = [1]\n", "request.max_length_limit"),
-        ("[policies]\nspeed_gate = 3\n", "policies.speed_gate"),
-        ('[kudos.models]\nm = "big"\n', "kudos.models"),
+        ('[lease]\nbase_seconds = "soon"\n', "[lease] base_seconds"),
+        ("[speed]\nsamples = 2.5\n", "[speed] samples"),
+        ("[database]\nurl = 5\n", "[database] url"),
+        ("[request]\nmax_length_limit = [1]\n", "[request] max_length_limit"),
+        ("[policies]\nspeed_gate = 3\n", "[policies] speed_gate"),
+        ('[kudos.models]\nm = "big"\n', "[kudos] models"),
         ('[policies.speed_gate]\nnme = "off"\n', "nme"),
         ("[lease\n", "not valid TOML"),
     ],
@@ -170,8 +175,8 @@ def test_bad_file_names_the_key(elsewhere: Path, text: str, names: str) -> None:
     [
         ({"HORDE_LITE_LEASE__BASE_SECS": "1"}, "HORDE_LITE_LEASE__BASE_SECS"),
         ({"HORDE_LITE_LEASES__BASE_SECONDS": "1"}, "HORDE_LITE_LEASES"),
-        ({"HORDE_LITE_LEASE__BASE_SECONDS": "soon"}, "lease.base_seconds"),
-        ({"HORDE_LITE_SPEED__SAMPLES": "[1, 2]"}, "speed.samples"),
+        ({"HORDE_LITE_LEASE__BASE_SECONDS": "soon"}, "[lease] base_seconds"),
+        ({"HORDE_LITE_SPEED__SAMPLES": "[1, 2]"}, "[speed] samples"),
     ],
 )
 def test_bad_env_names_the_key(elsewhere: Path, environ: dict[str, str], names: str) -> None:
@@ -223,3 +228,65 @@ def test_unknown_policy_lists_the_installed_ones(elsewhere: Path) -> None:
         load_policies(settings.policies)
     for name in ("fastest", "prefer_capable", "enforce_all", "enforce_chat", "off"):
         assert name in str(info.value)
+
+
+def test_an_env_error_names_the_variable_not_a_missing_file(elsewhere: Path) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(environ={"HORDE_LITE_LEASE__BASE_SECONDS": "soon"})
+    message = str(info.value)
+    assert message.startswith(
+        "HORDE_LITE_LEASE__BASE_SECONDS='soon': [lease] base_seconds: expected a number"
+    )
+    assert "litestar.toml" not in message
+
+
+def test_a_file_error_names_the_file_and_lists_the_keys(elsewhere: Path) -> None:
+    path = _write(elsewhere, "[database]\nurll = 'x'\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings(path, environ={})
+    assert str(info.value) == f"{path}: unknown key 'urll' in [database] (its keys: url, echo, null_pool)"
+
+
+@pytest.mark.parametrize(
+    ("url", "fix"),
+    [
+        ("postgres://horde:s3cret@db:5432/horde", "write postgresql+asyncpg://horde:***@db:5432/horde"),
+        ("postgresql://horde:s3cret@db/horde", "write postgresql+asyncpg://horde:***@db/horde"),
+        ("postgresql+psycopg2://horde:s3cret@db/horde", "write postgresql+asyncpg://horde:***@db/horde"),
+        ("sqlite:///data/h.db", "write sqlite+aiosqlite:///data/h.db"),
+        (
+            "mysql://horde:s3cret@db/horde",
+            "horde_lite runs on SQLite (sqlite+aiosqlite:///PATH) or PostgreSQL",
+        ),
+        ("horde.db", "is not a database URL"),
+    ],
+)
+def test_a_url_for_another_driver_says_what_to_write(elsewhere: Path, url: str, fix: str) -> None:
+    with pytest.raises(SettingsError) as info:
+        load_settings(environ={"HORDE_LITE_DATABASE__URL": url})
+    message = str(info.value)
+    assert message.startswith("HORDE_LITE_DATABASE__URL: [database] url ")
+    assert fix in message
+    assert "s3cret" not in message
+    assert "\n" not in message
+
+
+def test_a_rule_over_a_table_names_where_its_keys_came_from(elsewhere: Path) -> None:
+    path = _write(elsewhere, "[allowance]\nceiling = 100\n")
+    with pytest.raises(SettingsError) as info:
+        load_settings(path, environ={"HORDE_LITE_ALLOWANCE__FLOOR": "900"})
+    assert (
+        str(info.value) == f"HORDE_LITE_ALLOWANCE__FLOOR and {path}: [allowance] needs 0 <= floor <= ceiling"
+    )
+
+
+def test_the_default_database_does_not_depend_on_the_current_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    urls = set()
+    for place in ("a", "b"):
+        (tmp_path / place).mkdir()
+        monkeypatch.chdir(tmp_path / place)
+        urls.add(load_settings(environ={}).database.url)
+    assert urls == {f"sqlite+aiosqlite:///{tmp_path / 'data' / 'horde-lite' / 'horde_lite.db'}"}
