@@ -16,7 +16,9 @@ import signal
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any
 
 import click
 import httpx
@@ -94,9 +96,15 @@ async def _demo(work: Path, url: str, suffix: str, seconds: float | None, refres
         loading.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await loading
-        await load.aclose()
-        await fleet.stop()
+        # Each step is bounded: a stop that hangs says which step and goes on, so the demo always ends.
+        stuck = [name for name, ok in [
+            ("clients", await _bounded(load.aclose(), STOP_CLIENTS_SECONDS)),
+            ("workers", await _bounded(fleet.stop(), STOP_WORKERS_SECONDS)),
+        ] if not ok]  # fmt: skip
         server.stop()
+        for name in stuck:
+            click.echo(f"the {name} did not stop in time and were abandoned (server log: {server.log})")
+            code = 1
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.remove_signal_handler(sig)
     tally = load.tally
@@ -115,3 +123,19 @@ async def _demo(work: Path, url: str, suffix: str, seconds: float | None, refres
     if failed or tally.errors:
         code = 1
     return code
+
+
+# Clients cancel their requests (one DELETE each); workers get their drain time, then fault what
+# they hold (each fault report bounded by its own timeout).
+STOP_CLIENTS_SECONDS = 15.0
+STOP_WORKERS_SECONDS = 30.0
+
+
+async def _bounded(stopping: Coroutine[Any, Any, None], seconds: float) -> bool:
+    """Run one stop step for at most `seconds`; False when it had to be cancelled."""
+    try:
+        async with asyncio.timeout(seconds):
+            await stopping
+    except TimeoutError:
+        return False
+    return True

@@ -119,7 +119,9 @@ class Load:
                         return
         except (TimeoutError, asyncio.CancelledError):
             with contextlib.suppress(httpx.HTTPError):
-                await asyncio.shield(self.http.delete(f"/api/v2/generate/text/status/{request_id}"))
+                await asyncio.shield(
+                    self.http.delete(f"/api/v2/generate/text/status/{request_id}", timeout=5.0)
+                )
             raise
         finally:
             self.tally.counts["legacy"]["waiting"] -= 1
