@@ -10,7 +10,7 @@ import click
 
 from horde_lite.worker.backends import KINDS, SimulatedBackend
 from horde_lite.worker.backends.base import Backend
-from horde_lite.worker.config import WorkerConfig
+from horde_lite.worker.config import VERSION, WorkerConfig
 from horde_lite.worker.runner import Worker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -152,4 +152,11 @@ def worker(
         if simulate is not None
         else KINDS[backend_type](str(backend_url), backend_timeout)
     )
+    serving = (
+        f"simulated at {simulate:g} tokens/s" if simulate is not None else f"{backend_type} {backend_url}"
+    )
+    logging.getLogger("horde_lite.worker").info(
+        "horde-lite worker %s: %s for the horde at %s; backend %s; models %s",
+        VERSION, name, horde_url, serving, ", ".join(models) or "(from the backend)",
+    )  # fmt: skip
     sys.exit(asyncio.run(Worker(config, backend).run()))
