@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from litestar.config.app import AppConfig
 from litestar.plugins import CLIPluginProtocol, InitPluginProtocol
 
+from horde_lite.api import http_metrics
 from horde_lite.api.body_rules import BodyRules
 from horde_lite.api.db_errors import database_unavailable
 from horde_lite.api.deps import DEPENDENCIES
@@ -51,6 +52,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         app_config.route_handlers.extend([horde_router, metrics, *openai_routes])
         app_config.exception_handlers.update(EXCEPTION_HANDLERS)
         app_config.middleware.append(BodyRules())  # raw-input hygiene before any decoding
+        app_config.on_startup.append(http_metrics.install)  # outside the router: sees 404s too
         app_config.dependencies.update(DEPENDENCIES)
         app_config.lifespan.append(self._lifespan)
         return app_config
@@ -75,6 +77,8 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         app.state.horde = horde
         # The policy in force is the database's; switches reach this process (decision 0028).
         policy_watch = await policy_state.start(horde)
+        in_force = " ".join(f"{kind}={name}" for kind, name in horde.policies.names.items())
+        log.info("policies in force (the database's): %s", in_force)
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
         listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
         try:

@@ -216,6 +216,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
     session.add_all(generations)
     await session.flush()
     if not fake:
+        horde.metrics.job_event("popped", request.is_chat, len(generations))
         # The shadow record of each job, for the metrics and the stored history alike.
         assignments = [
             Assignment(

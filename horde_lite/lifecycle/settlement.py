@@ -71,6 +71,7 @@ async def shadow_outcome(
     record gets the outcome, and an over-capacity job's is reported to the shadow metrics."""
     if generation.fake:
         return
+    horde.metrics.job_ended(outcome, request.is_chat)  # every real job's end passes here once
     await session.execute(
         update(AssignmentRecord)
         .where(AssignmentRecord.generation_id == generation.id)

@@ -22,19 +22,31 @@ Instrument (OpenTelemetry name, kind, unit) -> Prometheus sample names:
   ``horde_text_free_allowance_estimated_wait_seconds_bucket`` / ``_count`` / ``_sum``
 - horde.text.queue_wait_seconds (histogram, s) ->
   ``horde_text_queue_wait_seconds_bucket`` / ``_count`` / ``_sum``
+- horde.text.jobs (counter) -> ``horde_text_jobs_total``
+- http.server.request.duration (histogram, s) ->
+  ``http_server_request_duration_seconds_bucket`` / ``_count`` / ``_sum``
+
+The scrape-time gauges are not OpenTelemetry instruments (horde_lite/metrics.py `ops_families`):
+``horde_text_waiting_requests``, ``horde_text_queued_tokens`` and ``horde_workers_online`` are
+written as they are named, with the labels ``horde_model``, ``horde_chat`` / ``horde_worker_kind``
+and no ``otel_scope_*`` labels.
 
 Label names: every character outside ``[a-zA-Z0-9]`` becomes ``_``: ``horde.worker_trusted`` ->
 ``horde_worker_trusted``, ``horde.size_bucket`` -> ``horde_size_bucket``, ``horde.chat`` ->
 ``horde_chat``, ``outcome`` -> ``outcome``, ``horde.requester`` -> ``horde_requester``,
 ``horde.outcome`` -> ``horde_outcome``, ``horde.requested_bucket`` -> ``horde_requested_bucket``,
-``horde.allowance_bucket`` -> ``horde_allowance_bucket``.
+``horde.allowance_bucket`` -> ``horde_allowance_bucket``, ``horde.event`` -> ``horde_event``,
+``http.route`` -> ``http_route``, ``http.request.method`` -> ``http_request_method``,
+``http.response.status_code`` -> ``http_response_status_code``.
 
 Label values: strings as they are (``"<=512"``); anything else is JSON-encoded, so booleans are
 ``"true"``/``"false"``. `value()` accepts Python booleans and ints and encodes them the same way.
 Every sample also carries ``otel_scope_name="horde_lite"``, ``otel_scope_version=""`` and
 ``otel_scope_schema_url=""``; a ``target_info`` gauge carries the resource (``service_name``).
 
-An instrument that has recorded nothing is absent from the exposition, so `value()` returns 0.0.
+An instrument that has recorded nothing is absent from the exposition, so `value()` returns 0.0;
+the operational families (`OPERATIONAL_FAMILIES`) are always written, with HELP and TYPE lines
+at least.
 """
 
 from __future__ import annotations
@@ -44,6 +56,15 @@ import json
 from prometheus_client.parser import text_string_to_metric_families
 
 Sample = tuple[str, dict[str, str], float]
+
+# Every operational family, as the parser names it (a counter without `_total`) -> its type.
+OPERATIONAL_FAMILIES: dict[str, str] = {
+    "horde_text_jobs": "counter",
+    "http_server_request_duration_seconds": "histogram",
+    "horde_text_waiting_requests": "gauge",
+    "horde_text_queued_tokens": "gauge",
+    "horde_workers_online": "gauge",
+}
 
 
 def samples(text: str) -> list[Sample]:

@@ -1,7 +1,8 @@
 """GET /metrics over HTTP (docs/reference/metrics.md): after traffic that records every
 instrument, the exposition holds each metric under its Prometheus name and type, and every label
-is one of the known, bounded keys with a value from a fixed set. No request, generation or worker
-id, worker name, user name or key appears anywhere in it (ids belong in logs)."""
+is one of the known, bounded keys with a value from a fixed set (a route label is one of the app's
+route templates). No request, generation or worker id, worker name, user name or key appears
+anywhere in it (ids belong in logs), not even one sent in a path."""
 
 from __future__ import annotations
 
@@ -9,7 +10,16 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from horde_lite.metrics import SECONDS_BUCKETS, SIZE_BUCKETS
+from horde_lite.metrics import (
+    ANY_MODEL,
+    HTTP_SECONDS_BUCKETS,
+    JOB_EVENTS,
+    OTHER_MODELS,
+    SECONDS_BUCKETS,
+    SIZE_BUCKETS,
+    UNMATCHED_ROUTE,
+    WORKER_KINDS,
+)
 from tests.support.horde import ANON, HordeClient
 from tests.support.prom import samples, value
 
@@ -20,7 +30,11 @@ REQUESTERS = {"anonymous", "registered", "shared_key"}
 SCOPE = {"otel_scope_name": {"horde_lite"}, "otel_scope_version": {""}, "otel_scope_schema_url": {""}}
 SHADOW = {"horde_worker_trusted": BOOL, "horde_size_bucket": SIZES, "horde_chat": BOOL}
 WAIT = {"horde_requester": REQUESTERS, "horde_chat": BOOL}
-LE = {"le": {str(float(b)) for b in SECONDS_BUCKETS} | {"+Inf"}}
+LE = {"le": {str(float(b)) for b in (*SECONDS_BUCKETS, *HTTP_SECONDS_BUCKETS)} | {"+Inf"}}
+MODELS = {MODEL, ANY_MODEL, OTHER_MODELS}
+METHODS = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "CONNECT", "TRACE", "_OTHER"}
+STATUSES = {str(code) for code in range(100, 600)} | {"_OTHER"}
+HTTP = "http_server_request_duration_seconds"
 
 # Prometheus family name -> (type, allowed labels and their values). Every family horde_lite
 # exports; anything else in the exposition is the exporter's own `target_info`.
@@ -44,7 +58,18 @@ FAMILIES: dict[str, tuple[str, dict[str, set[str]]]] = {
     ),
     "horde_text_free_allowance_estimated_wait_seconds": ("histogram", WAIT),
     "horde_text_queue_wait_seconds": ("histogram", WAIT),
+    "horde_text_jobs": ("counter", {"horde_event": set(JOB_EVENTS), "horde_chat": BOOL}),
+    # The route's values (the app's templates) are filled in by the test, from the app itself.
+    HTTP: (
+        "histogram",
+        {"http_route": set(), "http_request_method": METHODS, "http_response_status_code": STATUSES},
+    ),
+    "horde_text_waiting_requests": ("gauge", {"horde_model": MODELS, "horde_chat": BOOL}),
+    "horde_text_queued_tokens": ("gauge", {"horde_model": MODELS, "horde_chat": BOOL}),
+    "horde_workers_online": ("gauge", {"horde_model": MODELS, "horde_worker_kind": set(WORKER_KINDS)}),
 }
+# The scrape-time gauges are not OpenTelemetry instruments: no otel_scope_* labels.
+UNSCOPED = {"horde_text_waiting_requests", "horde_text_queued_tokens", "horde_workers_online"}
 
 
 async def _traffic(client: HordeClient) -> set[str]:
@@ -94,33 +119,39 @@ async def _traffic(client: HordeClient) -> set[str]:
     await client.sweep()  # jobs 2 and 3 lapse
     workers = (await client.http.get("/api/v2/workers")).json()
     secrets |= {w["id"] for w in workers}
+    # Ids and keys in paths: a route's template and "unmatched" are recorded, never the path.
+    assert (await client.status(ids[0] or "")).status_code == 200
+    assert (await client.http.get(f"/api/v2/no-such-route/{owner}")).status_code == 404
     return secrets
 
 
 async def test_metrics_exposes_every_instrument_with_bounded_labels_only(client: HordeClient) -> None:
     secrets = await _traffic(client)
+    routes = {route.path_format for route in client.http.app.routes} | {UNMATCHED_ROUTE}
+    http_labels = FAMILIES[HTTP][1]
+    expected = {**FAMILIES, HTTP: ("histogram", {**http_labels, "http_route": routes})}
     response = await client.http.get("/metrics")
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
     text = response.text
 
     families = {f.name: f for f in text_string_to_metric_families(text)}
-    for name, (kind, _) in FAMILIES.items():
+    for name, (kind, _) in expected.items():
         assert name in families, f"{name} missing from /metrics"
         assert families[name].type == kind
-    assert set(families) - set(FAMILIES) <= {"target_info"}
+    assert set(families) - set(expected) <= {"target_info"}
 
     for sample_name, labels, _ in samples(text):
         if sample_name == "target_info":
             continue
-        family = next(f for f in FAMILIES if sample_name.startswith(f))
-        allowed = {**FAMILIES[family][1], **SCOPE}
+        family = next(f for f in expected if sample_name.startswith(f))
+        allowed = expected[family][1] if family in UNSCOPED else {**expected[family][1], **SCOPE}
         if sample_name.endswith("_bucket"):
             allowed = {**allowed, **LE}
         assert set(labels) <= set(allowed), (
             f"{sample_name} has unexpected labels {set(labels) - set(allowed)}"
         )
-        assert set(FAMILIES[family][1]) <= set(labels), f"{sample_name} lacks labels: {labels}"
+        assert set(expected[family][1]) <= set(labels), f"{sample_name} lacks labels: {labels}"
         for key, label_value in labels.items():
             assert label_value in allowed[key], f"{sample_name}: {key}={label_value!r} is not a bounded value"
 
@@ -142,3 +173,10 @@ async def test_metrics_exposes_every_instrument_with_bounded_labels_only(client:
     assert value(text, decisions, horde_outcome="refused", horde_requester="anonymous") == 1
     assert value(text, decisions, horde_outcome="funded", horde_requested_bucket=">4096") == 1
     assert value(text, decisions, horde_chat=True) == 1
+    jobs = "horde_text_jobs_total"
+    assert value(text, jobs, horde_event="popped") == 4
+    assert value(text, jobs, horde_event="submitted") == value(text, jobs, horde_event="faulted") == 1
+    assert value(text, jobs, horde_event="aborted") == 2
+    http = "http_server_request_duration_seconds_count"
+    assert value(text, http, http_route="/api/v2/generate/text/status/{request_id}") == 1
+    assert value(text, http, http_route=UNMATCHED_ROUTE, http_response_status_code=404) == 1

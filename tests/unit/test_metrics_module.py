@@ -1,23 +1,41 @@
-"""horde_lite.metrics: exported names and labels, isolation between instances, bounded attributes."""
+"""horde_lite.metrics: exported names and labels, isolation between instances, bounded attributes,
+the operational families present from start-up and the folding of model labels."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 import pytest
-from prometheus_client import CONTENT_TYPE_LATEST
+from hypothesis import given
+from hypothesis import strategies as st
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.metrics_core import Metric
+from prometheus_client.parser import text_string_to_metric_families
 
 from horde_lite.metrics import (
+    ANY_MODEL,
+    HTTP_SECONDS_BUCKETS,
+    JOB_EVENTS,
+    MODEL_SERIES_CAP,
+    OTHER_MODELS,
     SECONDS_BUCKETS,
     SIZE_BUCKETS,
+    WORKER_KINDS,
     Metrics,
+    OnlineCount,
+    OpsSnapshot,
+    WaitingCount,
     allowance_attributes,
+    http_attributes,
+    job_attributes,
+    model_labels,
+    ops_families,
     shadow_attributes,
     shadow_outcome_attributes,
     size_bucket,
     wait_attributes,
 )
-from tests.support.prom import samples, value
+from tests.support.prom import OPERATIONAL_FAMILIES, samples, value
 
 
 @pytest.fixture
@@ -88,6 +106,7 @@ def test_attribute_helpers_give_the_contract_keys() -> None:
         lambda: allowance_attributes("user-42", "free", 10, 10, False),  # type: ignore[arg-type]
         lambda: allowance_attributes("anonymous", "Free", 10, 10, False),  # type: ignore[arg-type]
         lambda: wait_attributes("worker", False),  # type: ignore[arg-type]
+        lambda: job_attributes("completed", False),  # type: ignore[arg-type]
     ],
 )
 def test_attribute_helpers_refuse_values_outside_the_bounded_sets(call: object) -> None:
@@ -249,6 +268,7 @@ def test_no_attribute_carries_an_unbounded_value(metrics: Metrics) -> None:
         set(SIZE_BUCKETS)
         | {"true", "false", "completed", "faulted", "aborted", "free", "funded", "refused", "downgraded"}
         | {"anonymous", "registered", "shared_key"}
+        | set(JOB_EVENTS)
     )
     seen = 0
     for name, labels, _ in samples(_text(metrics)):
@@ -259,3 +279,177 @@ def test_no_attribute_carries_an_unbounded_value(metrics: Metrics) -> None:
                 assert label_value in bounded, (name, key, label_value)
                 seen += 1
     assert seen > 0
+
+
+# --- operational families --------------------------------------------------------------------------
+
+
+def _families(text: str) -> dict[str, object]:
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+class _Collected:
+    def __init__(self, families: list[Metric]) -> None:
+        self.families = families
+
+    def collect(self) -> list[Metric]:
+        return self.families
+
+
+def _gauges(snapshot: OpsSnapshot, cap: int = MODEL_SERIES_CAP) -> str:
+    """The exposition of a snapshot's gauges alone."""
+    return generate_latest(_Collected(ops_families(snapshot, cap))).decode()  # type: ignore[arg-type]
+
+
+def test_a_fresh_instance_shows_every_operational_family(metrics: Metrics) -> None:
+    """Nothing recorded and no snapshot read: each family is still written (the exporter would
+    leave out an instrument with no data), the job counter with a zero series per label set."""
+    text = _text(metrics)
+    families = _families(text)
+    for name, kind in OPERATIONAL_FAMILIES.items():
+        assert name in families, f"{name} missing"
+        assert families[name].type == kind  # type: ignore[attr-defined]
+    jobs = [labels for name, labels, _ in samples(text) if name == "horde_text_jobs_total"]
+    assert sorted((j["horde_event"], j["horde_chat"]) for j in jobs) == sorted(
+        (event, flag) for event in JOB_EVENTS for flag in ("false", "true")
+    )
+    assert value(text, "horde_text_jobs_total") == 0.0
+    # Not read: the gauges and the HTTP histogram have HELP and TYPE lines and no sample.
+    for name in ("horde_text_waiting_requests", "horde_text_queued_tokens", "horde_workers_online"):
+        assert families[name].samples == []  # type: ignore[attr-defined]
+    assert families["http_server_request_duration_seconds"].samples == []  # type: ignore[attr-defined]
+    assert "# TYPE http_server_request_duration_seconds histogram" in text
+
+
+def test_an_empty_snapshot_gives_the_other_zero_series(metrics: Metrics) -> None:
+    body, _ = metrics.render(OpsSnapshot())
+    text = body.decode()
+    waiting = [labels for name, labels, _ in samples(text) if name == "horde_text_waiting_requests"]
+    assert waiting == [
+        {"horde_model": OTHER_MODELS, "horde_chat": "false"},
+        {"horde_model": OTHER_MODELS, "horde_chat": "true"},
+    ]
+    online = [labels for name, labels, _ in samples(text) if name == "horde_workers_online"]
+    assert online == [{"horde_model": OTHER_MODELS, "horde_worker_kind": kind} for kind in WORKER_KINDS]
+    assert value(text, "horde_text_queued_tokens") == 0.0
+    assert text.count("# TYPE horde_workers_online gauge") == 1  # written once, not also as empty
+
+
+def test_job_events_and_ends_count_under_their_event(metrics: Metrics) -> None:
+    metrics.job_event("popped", chat=False, jobs=3)
+    metrics.job_event("popped", chat=True)
+    metrics.job_ended("completed", chat=False)
+    metrics.job_ended("faulted", chat=True)
+    metrics.job_ended("aborted", chat=False)
+    metrics.job_ended("aborted", chat=False)
+    text = _text(metrics)
+    name = "horde_text_jobs_total"
+    assert value(text, name, horde_event="popped", horde_chat=False) == 3
+    assert value(text, name, horde_event="popped", horde_chat=True) == 1
+    assert value(text, name, horde_event="submitted") == 1  # a stored submit is a "completed" end
+    assert value(text, name, horde_event="faulted", horde_chat=True) == 1
+    assert value(text, name, horde_event="aborted", horde_chat=False) == 2
+    with pytest.raises(KeyError):
+        metrics.job_ended("cancelled", chat=False)
+
+
+def test_http_attributes_are_bounded() -> None:
+    assert http_attributes("/api/v2/generate/text/status/{id:str}", "GET", 404) == {
+        "http.route": "/api/v2/generate/text/status/{id:str}",
+        "http.request.method": "GET",
+        "http.response.status_code": "404",
+    }
+    # No route matched, a method a client made up, a status outside HTTP's range.
+    assert http_attributes(None, "BREW", 1000) == {
+        "http.route": "unmatched",
+        "http.request.method": "_OTHER",
+        "http.response.status_code": "_OTHER",
+    }
+
+
+def test_http_requests_render_by_route_method_and_status(metrics: Metrics) -> None:
+    metrics.http_request("/metrics", "GET", 200, 0.003)
+    metrics.http_request("/metrics", "GET", 200, 0.2)
+    metrics.http_request(None, "POST", 404, 0.001)
+    text = _text(metrics)
+    base = "http_server_request_duration_seconds"
+    assert value(text, f"{base}_count", http_route="/metrics", http_request_method="GET") == 2
+    assert value(text, f"{base}_sum", http_route="/metrics") == pytest.approx(0.203)
+    assert value(text, f"{base}_bucket", http_route="/metrics", le="0.005") == 1
+    assert value(text, f"{base}_count", http_route="unmatched", http_response_status_code=404) == 1
+    edges = [labels["le"] for name, labels, _ in samples(text) if name == f"{base}_bucket"][:16]
+    assert edges == [str(edge) for edge in HTTP_SECONDS_BUCKETS] + ["+Inf"]
+
+
+def test_gauges_sum_rows_of_one_label_and_name_requests_without_a_model_any() -> None:
+    snapshot = OpsSnapshot(
+        waiting=[
+            WaitingCount("m-a", chat=False, requests=2, tokens=500),
+            WaitingCount("m-a", chat=True, requests=1, tokens=300),
+            WaitingCount(None, chat=False, requests=4, tokens=40),
+        ],
+        online=[OnlineCount("m-a", "chat", 2), OnlineCount(None, "legacy", 1)],
+    )
+    text = _gauges(snapshot)
+    assert value(text, "horde_text_waiting_requests", horde_model="m-a", horde_chat=False) == 2
+    assert value(text, "horde_text_queued_tokens", horde_model="m-a", horde_chat=True) == 300
+    assert value(text, "horde_text_waiting_requests", horde_model=ANY_MODEL) == 4
+    assert value(text, "horde_workers_online", horde_model="m-a", horde_worker_kind="chat") == 2
+    assert value(text, "horde_workers_online", horde_model=ANY_MODEL, horde_worker_kind="legacy") == 1
+    assert value(text, "horde_text_waiting_requests", horde_model=OTHER_MODELS) == 0
+
+
+def test_models_past_the_cap_fold_into_other_busiest_first() -> None:
+    # 30 models; model i has i waiting requests, so the 20 busiest are 10..29.
+    snapshot = OpsSnapshot(
+        waiting=[WaitingCount(f"m{i:02d}", False, requests=i, tokens=10 * i) for i in range(1, 31)]
+    )
+    labels = model_labels(snapshot)
+    kept = {m for m, label in labels.items() if label == m}
+    assert kept == {f"m{i:02d}" for i in range(11, 31)}
+    assert len(kept) == MODEL_SERIES_CAP
+    assert {labels[f"m{i:02d}"] for i in range(1, 11)} == {OTHER_MODELS}
+    text = _gauges(snapshot)
+    assert value(text, "horde_text_waiting_requests", horde_model=OTHER_MODELS) == sum(range(1, 11))
+
+
+def test_a_model_named_like_a_reserved_label_is_folded() -> None:
+    snapshot = OpsSnapshot(online=[OnlineCount(ANY_MODEL, "chat", 1), OnlineCount(OTHER_MODELS, "chat", 1)])
+    assert model_labels(snapshot)[ANY_MODEL] == OTHER_MODELS
+    text = _gauges(snapshot)
+    assert value(text, "horde_workers_online", horde_model=OTHER_MODELS, horde_worker_kind="chat") == 2
+    assert value(text, "horde_workers_online", horde_model=ANY_MODEL) == 0
+
+
+_models = st.one_of(st.none(), st.sampled_from([ANY_MODEL, OTHER_MODELS]), st.text(min_size=1, max_size=12))
+
+
+@given(
+    waiting=st.lists(
+        st.tuples(_models, st.booleans(), st.integers(1, 50), st.integers(1, 10_000)), max_size=80
+    ),
+    online=st.lists(st.tuples(_models, st.sampled_from(WORKER_KINDS), st.integers(1, 20)), max_size=80),
+    cap=st.integers(0, 25),
+)
+def test_model_labels_stay_bounded_and_totals_are_kept(
+    waiting: list[tuple[str | None, bool, int, int]], online: list[tuple[str | None, str, int]], cap: int
+) -> None:
+    """Whatever models are declared, each family has at most `cap` named models plus "(any)" and
+    "(other)", and folding moves counts between labels without losing or adding any."""
+    snapshot = OpsSnapshot(
+        waiting=[WaitingCount(m, c, r, t) for m, c, r, t in waiting],
+        online=[OnlineCount(m, k, n) for m, k, n in online],  # type: ignore[arg-type]
+    )
+    text = _gauges(snapshot, cap)
+    for name in ("horde_text_waiting_requests", "horde_workers_online"):
+        models = {labels["horde_model"] for sample, labels, _ in samples(text) if sample == name}
+        assert OTHER_MODELS in models
+        assert len(models - {ANY_MODEL, OTHER_MODELS}) <= cap
+    assert value(text, "horde_text_waiting_requests") == sum(r for _, _, r, _ in waiting)
+    assert value(text, "horde_text_queued_tokens") == sum(t for *_, t in waiting)
+    assert value(text, "horde_workers_online") == sum(n for *_, n in online)
+    labels = model_labels(snapshot, cap)
+    kept = {m: label for m, label in labels.items() if label not in (ANY_MODEL, OTHER_MODELS)}
+    assert len(kept) <= cap
+    assert all(label == m for m, label in kept.items())  # a kept model is labelled by its own name
+    assert labels.get(ANY_MODEL, OTHER_MODELS) == OTHER_MODELS  # a real "(any)" is never ANY_MODEL
