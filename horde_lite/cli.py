@@ -1,59 +1,109 @@
-"""`horde-lite`: the Litestar CLI preset to this app, plus the operator commands
-(database upgrade, users create/kudos, policies list/use/history)."""
+"""`horde-lite`: the operator's command line (docs/reference/cli.md).
+
+The root group is horde_lite's own, so `--help` lists only what applies to a horde and needs no
+settings or database to show. Litestar's `run` (the server) and `routes` are added as they are:
+`run` stays the object `litestar.cli.commands.core.run_command`, and the group's lazy `ctx.obj`
+gives it the app, as Litestar's own CLI does. Every command that opens the database says which one
+on stderr (`announce_database`).
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import platform
 import sys
-from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
 
 import click
+import rich_click
+from litestar.cli._utils import LitestarEnv, LitestarGroup
+from litestar.cli.commands.core import routes_command, run_command
 
 from horde_lite.demo.command import demo as demo_command
-from horde_lite.settings import Settings, SettingsError, load_settings
+from horde_lite.settings import Settings, SettingsError, load_settings, masked
+from horde_lite.startup import StartupError, check_database, fail, guard_run, horde_lite_version
 from horde_lite.worker.command import worker as worker_command
 
 T = TypeVar("T")
 APP = "horde_lite.app:create_app"
 
 
+# --- shared helpers ---------------------------------------------------------------------------------
+
+
 def _settings() -> Settings:
+    """The settings, or the start-up message naming what is wrong (exit status 2)."""
     try:
         return load_settings()
     except SettingsError as e:
-        raise click.ClickException(str(e)) from e
+        fail(StartupError(str(e)))
+
+
+def announce_database(url: str) -> str:
+    """Say on stderr which database this command uses (one line, before anything else); returns
+    `url` so a caller can announce where it picks it."""
+    click.echo(f"database: {masked(url)}", err=True)
+    return url
+
+
+def _with_engine(work: Callable[..., Awaitable[T]]) -> T:
+    """Run `work(engine, settings)` on the configured database, migrated first when behind. A
+    refusal of the lifecycle (HordeError) and an unreachable database are clean errors."""
+    from horde_lite.api.db_errors import database_unavailable
+    from horde_lite.db import migrate
+    from horde_lite.db.engine import make_engine
+    from horde_lite.lifecycle.errors import HordeError
+
+    settings = _settings()
+    url = announce_database(settings.database.url)
+    try:
+        check_database(settings)  # reached before anything is written: a plain message if not
+    except StartupError as e:
+        fail(e)
+
+    async def run() -> T:
+        engine = make_engine(url, null_pool=True)
+        try:
+            return await work(engine, settings)
+        finally:
+            await engine.dispose()
+
+    try:
+        if migrate.is_behind(url):
+            migrate.upgrade(url)
+        return asyncio.run(run())
+    except HordeError as e:
+        raise click.ClickException(e.message) from e
+    except Exception as e:
+        if database_unavailable(e):
+            raise click.ClickException(f"the database is unavailable: {e}") from e
+        raise
 
 
 def _with_session(work: Callable[..., Awaitable[T]]) -> T:
     """Run `work(session, settings, now)` in one transaction on the configured database."""
     from horde_lite.clock import Clock
-    from horde_lite.db import migrate
-    from horde_lite.db.engine import make_engine, make_sessionmaker
+    from horde_lite.db.engine import make_sessionmaker
 
-    settings = _settings()
-    if migrate.is_behind(settings.database.url):
-        migrate.upgrade(settings.database.url)
+    async def in_session(engine: Any, settings: Settings) -> T:
+        async with make_sessionmaker(engine)() as session, session.begin():
+            return await work(session, settings, Clock().now())
 
-    async def run() -> T:
-        engine = make_engine(settings.database.url)
-        try:
-            async with make_sessionmaker(engine)() as session, session.begin():
-                return await work(session, settings, Clock().now())
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
+    return _with_engine(in_session)
 
 
-def register_commands(cli: click.Group) -> None:
-    cli.add_command(database)
-    cli.add_command(users)
-    cli.add_command(policies)
-    cli.add_command(worker_command)
-    cli.add_command(demo_command)
-    cli.add_command(whatif)
+def version_text() -> str:
+    from litestar import __version__ as litestar_version
+
+    ours = horde_lite_version()
+    litestar = f"{litestar_version.major}.{litestar_version.minor}.{litestar_version.patch}"
+    return f"horde-lite {ours}\nLitestar {litestar}, Python {platform.python_version()}"
+
+
+# --- database ---------------------------------------------------------------------------------------
 
 
 @click.group(help="The database schema.")
@@ -65,47 +115,106 @@ def database() -> None:
 def database_upgrade() -> None:
     from horde_lite.db import migrate
 
-    url = _settings().database.url
-    migrate.upgrade(url)
+    migrate.upgrade(announce_database(_settings().database.url))
     click.echo(f"database at revision {', '.join(sorted(migrate.heads()))}")
 
 
-@click.group(help="Users and their kudos.")
+# --- users ------------------------------------------------------------------------------------------
+
+
+class Amount(click.ParamType):
+    """A finite number of kudos; negative ones are written as they are (-5000)."""
+
+    name = "amount"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import math
+
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = math.nan
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a number of kudos (e.g. 250, -5000, 12.5)", param, ctx)
+        return number
+
+
+@click.group(help="Users: create, list, kudos, flags, keys, deletion.")
 def users() -> None:
     pass
 
 
+@users.command("list", help="Every user: name#id, kudos, flags, live workers, created (UTC).")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array instead of the table.")
+@click.option("--deleted", is_flag=True, help="Include deleted users (named deleted#ID).")
+def users_list(as_json: bool, deleted: bool) -> None:
+    from horde_lite.lifecycle.users import summaries
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await summaries(session, include_deleted=deleted)
+
+    rows = _with_session(work)
+    if as_json:
+        click.echo(json.dumps([_summary_json(r) for r in rows], indent=2))
+    else:
+        click.echo(_table(rows))
+
+
+def _summary_json(row: Any) -> dict[str, Any]:
+    return {"id": row.id, "name": row.name, "kudos": row.kudos, "trusted": row.trusted,
+            "moderator": row.moderator, "anonymous": row.anonymous, "deleted": row.deleted,
+            "workers": row.workers, "created_at": row.created_at}  # fmt: skip
+
+
+def _table(rows: Sequence[Any]) -> str:
+    """A plain aligned table: no colour, no box, so it greps and pipes."""
+    from datetime import UTC, datetime
+
+    head = ("USER", "KUDOS", "TRUSTED", "MODERATOR", "WORKERS", "CREATED")
+    body = [
+        (r.name, f"{r.kudos:,.2f}".rstrip("0").rstrip("."), "yes" if r.trusted else "no",
+         "yes" if r.moderator else "no", str(r.workers),
+         datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M"))
+        for r in rows
+    ]  # fmt: skip
+    widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
+    numeric = {1, 4}  # right-aligned
+    lines = ["  ".join(c.rjust(w) if i in numeric else c.ljust(w) for i, (c, w) in
+                       enumerate(zip(line, widths, strict=True))).rstrip()
+             for line in [head, *body]]  # fmt: skip
+    return "\n".join(lines) if body else "\n".join([*lines, "(no users)"])
+
+
 @users.command("create", help="Create a user and print its API key (shown once) on the last line.")
 @click.argument("name")
-@click.option("--kudos", type=float, default=0.0, help="Starting kudos, granted through the ledger.")
+@click.option("--kudos", type=Amount(), default=0.0, help="Starting kudos, through the ledger.")
 @click.option("--trusted", is_flag=True, help="Mark the user trusted.")
 @click.option("--moderator", is_flag=True, help="Make the user a moderator.")
 def users_create(name: str, kudos: float, trusted: bool, moderator: bool) -> None:
     from horde_lite.lifecycle import kudos as ledger
-    from horde_lite.lifecycle.errors import HordeError
     from horde_lite.lifecycle.users import create_user, display_name
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         user, key = await create_user(session, name, now, trusted=trusted, moderator=moderator)
         if kudos:
-            await ledger.record(session, user.id, kudos, "grant", "cli", now)
+            await ledger.record(session, user.id, kudos, "grant" if kudos > 0 else "debit", "cli", now)
         return display_name(user), key
 
-    try:
-        who, key = _with_session(work)
-    except HordeError as e:
-        raise click.ClickException(e.message) from e
+    who, key = _with_session(work)
     click.echo(f"created user {who} with {kudos:g} kudos; API key (shown once):")
     click.echo(key)
 
 
-@users.command("kudos", help="Set a user's kudos to N (or add N with --add), through the ledger.")
+# Unknown options pass through as arguments, so `users kudos bob -5000` reads -5000 as AMOUNT (a
+# mistyped option then fails as an AMOUNT that is not a number or an extra argument).
+@users.command("kudos", context_settings={"ignore_unknown_options": True},
+               help="Set a user's kudos to AMOUNT (or add AMOUNT with --add), through the ledger. "
+               "AMOUNT may be negative: `users kudos bob -5000 --add`.")  # fmt: skip
 @click.argument("name")
-@click.argument("amount", type=float)
+@click.argument("amount", type=Amount())
 @click.option("--add", is_flag=True, help="Add AMOUNT instead of setting the balance to it.")
 def users_kudos(name: str, amount: float, add: bool) -> None:
     from horde_lite.lifecycle import kudos as ledger
-    from horde_lite.lifecycle.errors import HordeError
     from horde_lite.lifecycle.users import display_name, find_by_name
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
@@ -116,10 +225,7 @@ def users_kudos(name: str, amount: float, add: bool) -> None:
         await session.refresh(user)
         return display_name(user), user.kudos
 
-    try:
-        who, balance = _with_session(work)
-    except HordeError as e:
-        raise click.ClickException(e.message) from e
+    who, balance = _with_session(work)
     click.echo(f"{who} now has {balance:g} kudos")
 
 
@@ -128,7 +234,6 @@ def users_kudos(name: str, amount: float, add: bool) -> None:
 @click.option("--trusted/--untrusted", default=None, help="Trust the user's workers (or stop).")
 @click.option("--moderator/--no-moderator", default=None, help="Make the user a moderator (or stop).")
 def users_set(name: str, trusted: bool | None, moderator: bool | None) -> None:
-    from horde_lite.lifecycle.errors import HordeError
     from horde_lite.lifecycle.users import display_name, find_by_name, set_flags
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
@@ -136,12 +241,45 @@ def users_set(name: str, trusted: bool | None, moderator: bool | None) -> None:
         await set_flags(session, user, trusted=trusted, moderator=moderator)
         return display_name(user), user.trusted, user.moderator
 
-    try:
-        who, is_trusted, is_moderator = _with_session(work)
-    except HordeError as e:
-        raise click.ClickException(e.message) from e
+    who, is_trusted, is_moderator = _with_session(work)
     click.echo(f"{who}: trusted={is_trusted} moderator={is_moderator}")
 
+
+@users.command("rotate-key", help="Give a user a new API key, printed (once) on the last line; the old "
+               "key stops working at once, for the user's workers and dashboard sessions too.")  # fmt: skip
+@click.argument("name")
+def users_rotate_key(name: str) -> None:
+    from horde_lite.lifecycle.users import display_name, find_by_name, rotate_key
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        user = await find_by_name(session, name)
+        return display_name(user), await rotate_key(session, user)
+
+    who, key = _with_session(work)
+    click.echo(f"new API key for {who} (shown once; the old key no longer works):")
+    click.echo(key)
+
+
+@users.command("delete", help="Delete a user: its key, shared keys and workers stop working; its kudos "
+               "history and records stay (docs/decisions/0030). Refused while it has jobs running on "
+               "its workers or waiting requests.")  # fmt: skip
+@click.argument("name")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+def users_delete(name: str, yes: bool) -> None:
+    from horde_lite.lifecycle.users import delete_user, find_by_name
+
+    if not yes:
+        click.confirm(f"Delete the user {name}? Its key, shared keys and workers stop working", abort=True)
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await delete_user(session, await find_by_name(session, name), now)
+
+    gone = _with_session(work)
+    click.echo(f"deleted {gone.name}: {gone.workers} worker(s) deleted, {gone.shared_keys} shared key(s) "
+               f"removed; its {gone.kudos:g} kudos and its history stay")  # fmt: skip
+
+
+# --- policies ---------------------------------------------------------------------------------------
 
 POLICY_KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
 
@@ -149,7 +287,7 @@ POLICY_KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
 @click.group(help="Policy plugins: the installed ones, the one in force, switching.",
              invoke_without_command=True)  # fmt: skip
 def policies() -> None:
-    ctx = click.get_current_context()  # not pass_context: Litestar's CLI passes its own `ctx`
+    ctx = click.get_current_context()  # not pass_context: Litestar's group passes its own `ctx`
     if ctx.invoked_subcommand is None:
         ctx.invoke(policies_list)
 
@@ -160,9 +298,9 @@ def policies_list() -> None:
     from horde_lite.policies.registry import listing
 
     settings = _settings()
+    state, reason = _policy_state(settings)
     for kind, name, dist, selected in listing(settings.policies):
         click.echo(f"{'*' if selected else ' '} {kind:16} {name:18} ({dist})")
-    state, reason = _policy_state(settings)
     if state is None:
         click.echo(f"in force: unknown ({reason})")
         return
@@ -183,7 +321,7 @@ def _policy_state(settings: Settings) -> tuple[dict | None, str]:  # type: ignor
     from horde_lite.db.engine import make_engine, make_sessionmaker
     from horde_lite.lifecycle.policy_state import read_state
 
-    url = make_url(settings.database.url)
+    url = make_url(announce_database(settings.database.url))
     if url.get_backend_name() == "sqlite" and not (url.database and os.path.exists(url.database)):
         return None, "no database file yet"
 
@@ -199,25 +337,6 @@ def _policy_state(settings: Settings) -> tuple[dict | None, str]:  # type: ignor
         return asyncio.run(read()), ""
     except Exception as e:  # a database that is behind or away: the listing still stands
         return None, f"the database could not be read: {e}"
-
-
-def _with_engine(work: Callable[..., Awaitable[T]]) -> T:
-    """Run `work(engine, settings)` on the configured database (migrated first when behind)."""
-    from horde_lite.db import migrate
-    from horde_lite.db.engine import make_engine
-
-    settings = _settings()
-    if migrate.is_behind(settings.database.url):
-        migrate.upgrade(settings.database.url)
-
-    async def run() -> T:
-        engine = make_engine(settings.database.url, null_pool=True)
-        try:
-            return await work(engine, settings)
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(run())
 
 
 def _option(text: str) -> tuple[str, object]:
@@ -279,6 +398,9 @@ def policies_history(limit: int) -> None:
                    f"{change.new_name} {change.options}  ({change.source})")  # fmt: skip
 
 
+# --- whatif -----------------------------------------------------------------------------------------
+
+
 @click.command(help="What a speed gate or allowance curve would have decided over the recorded history.")
 @click.option("--speed-gate", "gate", metavar="NAME", help="An installed speed gate to judge.")
 @click.option("--allowance-curve", "curve", metavar="NAME", help="An installed allowance curve to judge.")
@@ -296,7 +418,6 @@ def whatif(gate: str | None, curve: str | None, pairs: tuple[str, ...], since: s
     if (gate is None) == (curve is None):
         raise click.UsageError("name one policy: --speed-gate NAME or --allowance-curve NAME")
     settings = _settings()
-    url = db or settings.database.url
     now = Clock().now()
     try:
         start = report.parse_time(since, now)
@@ -304,6 +425,7 @@ def whatif(gate: str | None, curve: str | None, pairs: tuple[str, ...], since: s
         options = report.parse_options(pairs)
     except ValueError as e:
         raise click.UsageError(str(e)) from e
+    url = announce_database(db or settings.database.url)
     if migrate.is_behind(url):  # a report never migrates the database it reads
         raise click.ClickException("the database is behind: run `horde-lite database upgrade` first")
 
@@ -327,9 +449,109 @@ def whatif(gate: str | None, curve: str | None, pairs: tuple[str, ...], since: s
         raise click.ClickException(str(e)) from e
 
 
-def main() -> None:
-    """The console script: `horde-lite ...` is `litestar --app horde_lite.app:create_app ...`."""
-    os.environ.setdefault("LITESTAR_APP", APP)
-    from litestar.cli.main import litestar_group
+# --- openapi, version -------------------------------------------------------------------------------
 
-    sys.exit(litestar_group())
+
+@click.command("openapi", help="Write the API's OpenAPI schema (what /api/swagger.json serves) as JSON.")
+@click.option("--output", "-o", type=click.Path(dir_okay=False, allow_dash=True), default="-",
+              show_default=True, help="The file to write ('-': standard output).")  # fmt: skip
+def openapi(output: str) -> None:
+    import msgspec
+    from litestar.serialization import encode_json
+
+    from horde_lite.app import create_app
+
+    app = create_app(_settings())  # built, not started: no database
+    document = msgspec.json.format(encode_json(app.openapi_schema.to_schema()), indent=2)
+    with click.open_file(output, "wb") as out:
+        out.write(document + b"\n")
+    if output != "-":
+        click.echo(f"wrote {output}", err=True)
+
+
+@click.command("version", help="Show horde-lite's version (and Litestar's and Python's).")
+def version() -> None:
+    click.echo(version_text())
+
+
+def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit()
+
+
+# --- the root group ---------------------------------------------------------------------------------
+
+# What `litestar --app horde_lite.app:create_app` gains through the plugin (register_commands), and
+# horde-lite's own commands besides run/routes/version.
+OPERATOR_COMMANDS: tuple[click.Command, ...] = (
+    users, worker_command, demo_command, policies, whatif, database, openapi
+)  # fmt: skip
+
+
+def register_commands(cli: click.Group) -> None:
+    for command in OPERATOR_COMMANDS:
+        cli.add_command(command)
+
+
+ROOT_HELP = """horde_lite: a self-hosted broker for crowd-sourced text generation (the AI Horde's text
+API and an OpenAI-compatible front on one queue).
+
+Settings come from ./litestar.toml (or the file HORDE_LITE_CONFIG names) and HORDE_LITE_<TABLE>__<KEY>
+variables. Commands that open the database name it on stderr. Every command: docs/reference/cli.md."""
+
+# `--help` lists the commands in this order (a group of click's would sort them by name).
+PANELS = {
+    "Run and operate": ("run", "users", "worker", "demo", "policies", "whatif", "database"),
+    "Tools": ("openapi", "routes", "version"),
+}
+HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
+
+
+def _litestar_env() -> LitestarEnv:
+    """The app, loaded only for the commands that need it (run, routes)."""
+    try:
+        return LitestarEnv.from_env(APP)
+    except SettingsError as e:
+        raise click.ClickException(str(e)) from e
+
+
+@rich_click.group(name="horde-lite", cls=LitestarGroup, help=ROOT_HELP, context_settings=HELP_OPTIONS)
+@rich_click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+                   help="Show horde-lite's version and exit.")  # fmt: skip
+@rich_click.rich_config(help_config={"commands_before_options": True})
+@rich_click.command_panel("Run and operate", commands=list(PANELS["Run and operate"]))
+@rich_click.command_panel("Tools", commands=list(PANELS["Tools"]))
+@click.pass_context
+def cli(ctx: click.Context) -> None:
+    if ctx.obj is None:
+        ctx.obj = _litestar_env  # called by Litestar's run and routes when they need the app
+
+
+# Litestar's own help speaks of app discovery and the `litestar` command: say what they do here.
+run_command.short_help = "Serve the horde (the APIs, /metrics, /dashboard); migrates the database first."
+run_command.help = (
+    "Serve the horde with uvicorn: the horde API (/api), the OpenAI front (/v1), /metrics and "
+    "/dashboard. A database that is behind is migrated at start-up. The options are Litestar's."
+)
+routes_command.short_help = routes_command.help = "List the HTTP routes the server answers."
+for _command in (guard_run(run_command), *OPERATOR_COMMANDS, routes_command, version):
+    cli.add_command(_command)  # LitestarGroup passes `app`/`ctx` to the commands that ask for them
+
+
+def main() -> None:
+    """The console script `horde-lite`. Errors are one or two plain lines on stderr (rich_click
+    would draw each in a box): status 2 for a usage or settings error, 1 for a refusal."""
+    try:
+        code = cli.main(prog_name="horde-lite", standalone_mode=False)
+    except click.UsageError as e:
+        where = f" (see `{e.ctx.command_path} --help`)" if e.ctx is not None else ""
+        click.echo(f"horde-lite: {e.format_message()}{where}", err=True)
+        code = e.exit_code
+    except click.ClickException as e:
+        click.echo(f"horde-lite: {e.format_message()}", err=True)
+        code = e.exit_code
+    except click.Abort:
+        click.echo("horde-lite: aborted", err=True)
+        code = 1
+    sys.exit(code if isinstance(code, int) else 0)

@@ -7,11 +7,11 @@ import secrets
 import uuid
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, select, update
+from sqlalchemy import bindparam, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.db.models import SharedKey, User, Worker
+from horde_lite.db.models import Generation, SharedKey, TextRequest, User, Worker
 from horde_lite.lifecycle.errors import HordeError
 
 ANONYMOUS_KEY = "0000000000"
@@ -188,3 +188,137 @@ async def set_flags(
 def new_shared_key() -> str:
     """Shared keys are UUIDs: the key is also the id a client pastes as its API key (upstream)."""
     return str(uuid.uuid4())
+
+
+# --- the operator's commands: the listing, a new key, deletion (docs/decisions/0030) ---------------
+
+# A deleted user's row stays (decision 0030) under this name and key hash: '#' is refused in a new
+# name and ':' never appears in a SHA-256 hex digest, so no user can take either and no key matches.
+DELETED_PREFIX = "deleted#"
+
+
+def is_deleted(user: User) -> bool:
+    return user.username.startswith(DELETED_PREFIX)
+
+
+@dataclass(frozen=True, slots=True)
+class UserSummary:
+    """One line of `horde-lite users list`."""
+
+    id: int  # the public id
+    name: str  # "name#id"
+    kudos: float
+    trusted: bool
+    moderator: bool
+    anonymous: bool
+    deleted: bool
+    workers: int  # not deleted
+    created_at: float
+
+
+async def summaries(session: AsyncSession, *, include_deleted: bool = False) -> list[UserSummary]:
+    """Every user in id order (the deleted ones only when asked), with its worker count."""
+    query = select(User).order_by(User.id)
+    if not include_deleted:
+        query = query.where(User.username.not_like(f"{DELETED_PREFIX}%"))
+    users = list((await session.execute(query)).scalars())
+    live = select(Worker.owner_id, func.count()).where(Worker.deleted_at.is_(None)).group_by(Worker.owner_id)
+    counts: dict[int, int] = dict((await session.execute(live)).tuples().all())
+    return [
+        UserSummary(
+            id=public_id(u),
+            name=display_name(u),
+            kudos=u.kudos,
+            trusted=u.trusted,
+            moderator=u.moderator,
+            anonymous=u.anonymous,
+            deleted=is_deleted(u),
+            workers=counts.get(u.id, 0),
+            created_at=u.created_at,
+        )
+        for u in users
+    ]
+
+
+async def rotate_key(session: AsyncSession, user: User) -> str:
+    """Give the user a new key and return it (shown once). The old one matches nobody from this
+    commit on: its requests answer InvalidAPIKey, and dashboard sessions signed with its hash end."""
+    if user.anonymous:
+        raise HordeError(
+            "BadRequest", f"The anonymous user's key is always {ANONYMOUS_KEY}; it never changes."
+        )
+    key = new_api_key()
+    await session.execute(update(User).where(User.id == user.id).values(api_key_hash=hash_key(key)))
+    await session.refresh(user)
+    return key
+
+
+@dataclass(frozen=True, slots=True)
+class DeletedUser:
+    name: str  # as it was: "name#id"
+    kudos: float  # the balance it keeps
+    workers: int  # deleted with it
+    shared_keys: int  # removed with it
+
+
+async def _busy(session: AsyncSession, user: User) -> tuple[int, int]:
+    """The user's unfinished work: jobs its workers hold (a paused worker's fake jobs aside) and its
+    waiting requests."""
+    running = await session.execute(
+        select(func.count())
+        .select_from(Generation)
+        .join(Worker, Worker.id == Generation.worker_id)
+        .where(Worker.owner_id == user.id, Generation.state == "processing", Generation.fake.is_(False))
+    )
+    waiting = await session.execute(
+        select(func.count()).where(TextRequest.user_id == user.id, TextRequest.state == "waiting")
+    )
+    return running.scalar_one(), waiting.scalar_one()
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+async def delete_user(session: AsyncSession, user: User, now: float) -> DeletedUser:
+    """Delete a user the way workers are deleted (decision 0030): the row stays, renamed
+    `deleted#<id>`, with a key hash no key has and no flags; its workers are deleted (decision 0020)
+    and its shared keys removed, so nothing can act as it again. Its ledger, balance, requests and
+    its workers' counters stay, so the history and the statistics still add up. Refused for the
+    anonymous user, and while the user has work in flight (jobs its workers hold, its waiting
+    requests): those would be stranded or paid into an account nobody owns."""
+    if user.anonymous:
+        raise HordeError("BadRequest", "The anonymous user cannot be deleted.")
+    name = display_name(user)
+    # The lock order (docs/explanation/locking.md): the user's workers, then its users row.
+    mine = select(Worker.id).where(Worker.owner_id == user.id).order_by(Worker.id)
+    await session.execute(mine.with_for_update())
+    await session.execute(select(User.id).where(User.id == user.id).with_for_update())
+    running, waiting = await _busy(session, user)
+    if running or waiting:
+        busy = [_plural(running, "job") + " running on its workers"] if running else []
+        busy += [_plural(waiting, "waiting request")] if waiting else []
+        raise HordeError(
+            "Locked",
+            f"{name} still has {' and '.join(busy)}; nothing changed. Try again once they end (a job "
+            "when submitted or its lease lapses, a request when done or expired); to stop new work "
+            "meanwhile, give the user a new key first.",
+        )
+    workers = await session.execute(
+        update(Worker)
+        .where(Worker.owner_id == user.id, Worker.deleted_at.is_(None))
+        .values(deleted_at=now, name_key=None, last_check_in=0.0)  # as DELETE /workers/{id} does
+    )
+    keys = await session.execute(delete(SharedKey).where(SharedKey.user_id == user.id))
+    await session.execute(
+        update(User)
+        .where(User.id == user.id)
+        .values(
+            username=f"{DELETED_PREFIX}{user.id}",
+            api_key_hash=f"deleted:{user.id}",
+            trusted=False,
+            moderator=False,
+        )
+    )
+    await session.refresh(user)
+    return DeletedUser(name=name, kudos=user.kudos, workers=workers.rowcount, shared_keys=keys.rowcount)

@@ -1,11 +1,14 @@
-"""The operator commands (docs/reference/operators.md, "Commands") against a real database of each
-kind: `database upgrade`, `users create`, `users kudos`, `policies list`. Most run the click
-commands in-process with click's CliRunner; one runs the installed `horde-lite` console script."""
+"""The operator commands (docs/reference/cli.md) against a real database of each kind: `database
+upgrade`, `users create`, `users kudos`, `policies list`, and the line naming the database each one
+uses. Most run the click commands in-process with click's CliRunner; one runs the installed
+`horde-lite` console script (more in tests/integration/test_cli_process.py)."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -14,12 +17,14 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 from sqlalchemy import select, text
+from sqlalchemy.engine import make_url
 
 from horde_lite import cli
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import KudosEvent, User, Worker
 from horde_lite.lifecycle.users import hash_key
+from horde_lite.settings import masked
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
 
@@ -194,7 +199,7 @@ def test_policies_list_marks_the_selected_ones(run: Any, monkeypatch: pytest.Mon
     monkeypatch.setenv("HORDE_LITE_POLICIES__SPEED_GATE", "enforce_chat")
     result = run(cli.policies, "list")
     assert result.exit_code == 0, result.output
-    rows = [line.split() for line in result.output.splitlines() if line.strip()]
+    rows = [line.split() for line in result.stdout.splitlines() if line.strip()]
     selected = {(r[1], r[2]) for r in rows if r[0] == "*"}
     assert selected == {
         ("speed_gate", "enforce_chat"),
@@ -246,3 +251,100 @@ def test_users_create_refuses_reserved_names(run: Any, db_url: str) -> None:
         result = run(cli.users, "create", name)
         assert result.exit_code != 0, name
     assert _query(db_url, select(User.id)) == []
+
+
+# --- the database each command uses, named on stderr ------------------------------------------------
+
+
+def _expected_line(db_url: str) -> str:
+    return f"database: {make_url(db_url).render_as_string(hide_password=True)}"
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("users", "create", "zoe"),
+        ("users", "list"),
+        ("users", "kudos", "zoe", "-5"),
+        ("users", "set", "zoe", "--trusted"),
+        ("users", "rotate-key", "zoe"),
+        ("users", "delete", "zoe", "--yes"),
+        ("database", "upgrade"),
+        ("policies", "list"),
+        ("policies", "history"),
+        ("whatif", "--speed-gate", "off"),
+    ],
+)
+def test_every_database_command_names_its_database_once_on_stderr(
+    run: Any, db_url: str, args: tuple[str, ...]
+) -> None:
+    if args[:2] != ("users", "create"):
+        assert run(cli.users, "create", "zoe").exit_code == 0
+    result = CliRunner().invoke(cli.cli, list(args), catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [_expected_line(db_url)]
+    assert "database:" not in result.stdout
+
+
+def test_commands_without_a_database_name_none(run: Any, tmp_path: Path) -> None:
+    for args in (
+        ["version"],
+        ["--version"],
+        ["users", "--help"],
+        ["openapi", "-o", str(tmp_path / "s.json")],
+    ):
+        result = CliRunner().invoke(cli.cli, args, catch_exceptions=False)
+        assert result.exit_code == 0, (args, result.output)
+        assert "database:" not in result.output, args
+
+
+def test_shown_url_masks_the_password_and_makes_sqlite_paths_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert masked("postgresql+asyncpg://horde:s3cret@db.example:5432/horde") == (
+        "postgresql+asyncpg://horde:***@db.example:5432/horde"
+    )
+    assert masked("postgresql+asyncpg://horde@db.example/horde") == (
+        "postgresql+asyncpg://horde@db.example/horde"
+    )
+    assert masked("sqlite+aiosqlite:///horde_lite.db") == f"sqlite+aiosqlite:///{tmp_path}/horde_lite.db"
+    assert masked("sqlite+aiosqlite:///data/../x.db") == f"sqlite+aiosqlite:///{tmp_path}/x.db"
+    assert masked("sqlite+aiosqlite:////var/lib/h.db") == "sqlite+aiosqlite:////var/lib/h.db"
+    assert masked("not a url :pw@host") == "host"
+
+
+def test_a_relative_sqlite_path_is_announced_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", "sqlite+aiosqlite:///rel.db")
+    result = CliRunner().invoke(cli.users, ["list"], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == [f"database: sqlite+aiosqlite:///{tmp_path / 'rel.db'}"]
+    assert (tmp_path / "rel.db").exists()
+
+
+def test_an_unreachable_database_is_a_clean_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with socket.socket() as probe:  # a loopback port nothing listens on
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", f"postgresql+asyncpg://u:pw@127.0.0.1:{port}/none")
+    result = CliRunner().invoke(cli.users, ["list"])
+    assert result.exit_code == 2
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert f"cannot connect to PostgreSQL at 127.0.0.1:{port}: connection refused" in result.stderr
+    assert len(result.stderr.splitlines()) == 3  # the database line, then the two-line error
+    assert result.stderr.splitlines()[0] == f"database: postgresql+asyncpg://u:***@127.0.0.1:{port}/none"
+    assert "pw@" not in result.output
+
+
+async def test_openapi_writes_the_schema_the_server_serves(client: Any, run: Any, tmp_path: Path) -> None:
+    served = await client.http.get("/api/swagger.json")
+    assert served.status_code == 200
+    written = run(cli.openapi, "--output", str(tmp_path / "openapi.json"))
+    assert written.exit_code == 0, written.output
+    assert json.loads((tmp_path / "openapi.json").read_text()) == served.json()
+    to_stdout = run(cli.openapi)
+    assert json.loads(to_stdout.stdout) == served.json()

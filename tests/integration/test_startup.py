@@ -1,0 +1,211 @@
+"""Start-up as an operator meets it (docs/reference/operators.md, "Start-up checks"): the real
+`horde-lite` console script in a subprocess, one failure at a time. Each failure exits with status 2
+before anything is written, in at most two plain lines that name the cause; a good start says first
+which version, address, database and policies it runs."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+from sqlalchemy.engine import make_url
+
+from horde_lite.startup import horde_lite_version
+
+HORDE_LITE = Path(sys.executable).with_name("horde-lite")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def clean_env(tmp_path: Path, **settings: str) -> dict[str, str]:
+    """No HORDE_LITE_ variables from the test run; the user's data directory under tmp_path."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HORDE_LITE_")}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")
+    env.update(settings)
+    return env
+
+
+def on_database(tmp_path: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """`horde-lite run` on a free port with the database URL from the environment."""
+    return start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
+
+
+def start(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(HORDE_LITE), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
+    )
+
+
+def refused(result: subprocess.CompletedProcess[str]) -> str:
+    """The error as the operator sees it: status 2, no traceback, at most two lines."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = result.stderr.strip().splitlines()
+    assert 1 <= len(lines) <= 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert lines[0].startswith("horde-lite: ")
+    return result.stderr.strip()
+
+
+def run_args(port: int) -> tuple[str, ...]:
+    return ("run", "--host", "127.0.0.1", "--port", str(port))
+
+
+def default_db(tmp_path: Path) -> Path:
+    return tmp_path / "data" / "horde-lite" / "horde_lite.db"
+
+
+# --- configuration ---------------------------------------------------------------------------
+
+
+def test_an_unknown_key_in_the_settings_file(tmp_path: Path) -> None:
+    (tmp_path / "litestar.toml").write_text("[database]\nurll = 'sqlite+aiosqlite:///x.db'\n")
+    message = refused(start(tmp_path, clean_env(tmp_path), *run_args(free_port())))
+    assert message == (
+        f"horde-lite: {tmp_path / 'litestar.toml'}: unknown key 'urll' in [database] "
+        "(its keys: url, echo, null_pool)"
+    )
+    assert not default_db(tmp_path).exists()
+
+
+def test_a_bad_variable_is_blamed_on_the_variable(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, HORDE_LITE_LEASE__BASE_SECONDS="soon")
+    message = refused(start(tmp_path, env, *run_args(free_port())))
+    assert message == (
+        "horde-lite: HORDE_LITE_LEASE__BASE_SECONDS='soon': [lease] base_seconds: "
+        "expected a number, got a string"
+    )
+
+
+def test_postgres_scheme_gets_the_driver_hint(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL="postgres://horde:s3cret@127.0.0.1:5432/horde")
+    message = refused(start(tmp_path, env, *run_args(free_port())))
+    assert "write postgresql+asyncpg://horde:***@127.0.0.1:5432/horde" in message
+    assert "s3cret" not in message
+
+
+def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
+    env = clean_env(tmp_path, HORDE_LITE_POLICIES__SPEED_GATE="fastest")
+    message = refused(start(tmp_path, env, *run_args(free_port())))
+    assert "fastest" in message
+    assert "prefer_capable" in message
+
+
+# --- the database ----------------------------------------------------------------------------
+
+
+def test_unreachable_postgresql_names_the_masked_url(tmp_path: Path) -> None:
+    url = f"postgresql+asyncpg://horde:s3cret@127.0.0.1:{free_port()}/horde"
+    message = refused(
+        start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
+    )
+    assert make_url(url).render_as_string(hide_password=True) in message
+    assert "connection refused" in message
+    assert "HORDE_LITE_DATABASE__URL" in message
+    assert "s3cret" not in message
+
+
+def test_a_missing_postgresql_database_says_how_to_create_it(tmp_path: Path, pg_url: str) -> None:
+    url = make_url(pg_url).set(database="horde_lite_no_such_database").render_as_string(hide_password=False)
+    message = refused(
+        start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
+    )
+    assert "has no database 'horde_lite_no_such_database'" in message
+    assert "createdb" in message
+
+
+def test_a_sqlite_file_in_a_missing_directory(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'nowhere' / 'horde.db'}"
+    message = refused(
+        start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
+    )
+    assert f"the directory {tmp_path / 'nowhere'} does not exist" in message
+    assert not (tmp_path / "nowhere").exists()
+
+
+def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        message = refused(start(tmp_path, clean_env(tmp_path), *run_args(port)))
+    assert f"port {port} on 127.0.0.1 is already in use" in message
+    assert not default_db(tmp_path).exists()  # no migration ran, no file was made
+
+
+# --- a good start ----------------------------------------------------------------------------
+
+
+@contextmanager
+def server(tmp_path: Path, env: dict[str, str], port: int) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+    log = tmp_path / f"server-{port}.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [str(HORDE_LITE), *run_args(port)], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,
+        )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            try:
+                if (
+                    httpx.get(f"http://127.0.0.1:{port}/api/v2/status/heartbeat", timeout=2).status_code
+                    == 200
+                ):
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.1)
+        yield process, log
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait(10)
+
+
+def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
+    port = free_port()
+    env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL=db_url)
+    with server(tmp_path, env, port) as (_, log):
+        first = log.read_text().splitlines()[0]
+        masked = make_url(db_url).render_as_string(hide_password=True)
+        assert first.startswith(f"horde-lite {horde_lite_version()} on http://127.0.0.1:{port}; ")
+        assert f"database {masked} (HORDE_LITE_DATABASE__URL)" in first
+        assert "policies selected: speed_gate=prefer_capable allowance_curve=estimated_wait" in first
+
+        message = refused(start(tmp_path, env, *run_args(port)))
+        assert f"port {port} on 127.0.0.1 is already in use" in message
+        # The first server is unharmed.
+        assert httpx.get(f"http://127.0.0.1:{port}/api/v2/status/heartbeat", timeout=5).status_code == 200
+
+
+def test_the_default_database_is_the_same_from_any_directory(tmp_path: Path) -> None:
+    env = clean_env(tmp_path)
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    created = start(tmp_path / "one", env, "users", "create", "alice")
+    assert created.returncode == 0, created.stderr
+    expected = f"sqlite+aiosqlite:///{default_db(tmp_path)}"
+    assert expected in created.stderr
+    # From another directory: the same file, so the same user.
+    moved = start(tmp_path / "two", env, "users", "kudos", "alice", "50")
+    assert moved.returncode == 0, moved.stderr
+    assert expected in moved.stderr
+    assert "now has 50 kudos" in moved.stdout
