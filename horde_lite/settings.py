@@ -43,11 +43,17 @@ SCHEMES = {"postgres": "postgresql", "postgresql": "postgresql", "sqlite": "sqli
 
 
 def masked(url: str) -> str:
-    """A database URL fit for a log line or an error: the password replaced by ***."""
+    """A database URL fit for a log line or an error: the password replaced by *** and, for SQLite,
+    the file's absolute path (a relative one is relative to the current directory)."""
     try:
-        return make_url(url).render_as_string(hide_password=True)
+        parsed = make_url(url)
     except ArgumentError:
-        return re.sub(r"(//[^:/@]*:)[^@]*@", r"\1***@", url)
+        return url.split("@")[-1]  # not a URL (refused below): never show what precedes '@'
+    database = parsed.database or ""
+    sqlite_file = parsed.get_backend_name() == "sqlite" and database not in ("", ":memory:")
+    if sqlite_file and not database.startswith("file:"):  # a file: URI is shown as written
+        parsed = parsed.set(database=os.path.abspath(database))
+    return parsed.render_as_string(hide_password=True)
 
 
 def check_database_url(url: str) -> None:
@@ -320,6 +326,7 @@ def load_settings(path: str | Path | None = None, environ: dict[str, str] | None
     """Read the toml file (if any), apply environment overrides and validate everything."""
     environ = dict(os.environ if environ is None else environ)
     config_path, explicit = (Path(path), True) if path is not None else settings_file(environ)
+    config_path = config_path.absolute()  # messages name the file whatever the current directory
     data: dict[str, Any] = {}
     if config_path.exists():
         data = _read_toml(config_path)
