@@ -44,9 +44,10 @@ def demo(seconds: float | None, configured_database: bool, refresh: float) -> No
     with tempfile.TemporaryDirectory(prefix="horde-lite-demo-") as tmp:
         work = Path(tmp)
         if configured_database:
-            from horde_lite.settings import load_settings
+            from horde_lite.settings import load_settings, masked
 
             url, suffix = load_settings().database.url, "-" + secrets.token_hex(2)
+            click.echo(f"database: {masked(url)}", err=True)
         else:
             url, suffix = f"sqlite+aiosqlite:///{work / 'demo.db'}", ""
         logging.basicConfig(

@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
 from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.lifecycle.eligibility import worker_online
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.users import authenticate
 
@@ -55,7 +56,7 @@ def _finished(since: float | None = None) -> list[ColumnElement[bool]]:
 
 
 def _online(horde: Horde, now: float) -> list[ColumnElement[bool]]:
-    return [Worker.last_check_in >= now - horde.settings.worker.online_seconds, Worker.deleted_at.is_(None)]
+    return [worker_online(Worker, horde.rules(now)), Worker.deleted_at.is_(None)]
 
 
 async def performance(horde: Horde) -> Performance:

@@ -287,6 +287,8 @@ async def delete_user(session: AsyncSession, user: User, now: float) -> DeletedU
     its workers' counters stay, so the history and the statistics still add up. Refused for the
     anonymous user, and while the user has work in flight (jobs its workers hold, its waiting
     requests): those would be stranded or paid into an account nobody owns."""
+    from horde_lite.lifecycle.workers import retired  # workers imports this module
+
     if user.anonymous:
         raise HordeError("BadRequest", "The anonymous user cannot be deleted.")
     name = display_name(user)
@@ -307,7 +309,7 @@ async def delete_user(session: AsyncSession, user: User, now: float) -> DeletedU
     workers = await session.execute(
         update(Worker)
         .where(Worker.owner_id == user.id, Worker.deleted_at.is_(None))
-        .values(deleted_at=now, name_key=None, last_check_in=0.0)  # as DELETE /workers/{id} does
+        .values(**retired(now))  # as DELETE /workers/{id} does
     )
     keys = await session.execute(delete(SharedKey).where(SharedKey.user_id == user.id))
     await session.execute(

@@ -8,6 +8,7 @@ import re
 import unicodedata
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.exc import IntegrityError
@@ -289,6 +290,13 @@ async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: Work
         )
 
 
+def retired(now: float) -> dict[str, Any]:
+    """What deleting a worker sets (DELETE /workers/{id}, and a deleted user's workers): marked
+    deleted, its name free, and offline at once for every reader (each one's online test is the
+    last check-in's age), so it never counts as capacity, capable or eligible."""
+    return {"deleted_at": now, "name_key": None, "last_check_in": 0.0}
+
+
 async def delete_worker(horde: Horde, caller: Caller, worker_id: str) -> DeletedWorker:
     """DELETE /workers/{id}: the owner or a moderator. The row stays, marked deleted and without a
     name key: it leaves every listing, its name is free for a new worker, and its history stays
@@ -299,10 +307,7 @@ async def delete_worker(horde: Horde, caller: Caller, worker_id: str) -> Deleted
         actor = await _acting_user(session, caller, horde.clock.now())
         worker = await _live_worker(session, worker_id, lock=True)
         _owner_or_moderator(actor, worker, "delete it")
-        worker.deleted_at = horde.clock.now()
-        worker.name_key = None
-        # Offline at once for every reader (each one's online test is the last check-in's age), so
-        # a deleted worker never counts as capacity, capable or eligible.
-        worker.last_check_in = 0.0
+        for column, value in retired(horde.clock.now()).items():
+            setattr(worker, column, value)
         await session.flush()
         return DeletedWorker(id=worker.id, name=worker.name)
