@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -29,7 +30,8 @@ from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.notify import start_listener
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import load_policies
-from horde_lite.settings import Settings
+from horde_lite.settings import Settings, masked
+from horde_lite.startup import horde_lite_version
 
 if TYPE_CHECKING:
     from click import Group
@@ -77,8 +79,10 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         app.state.horde = horde
         # The policy in force is the database's; switches reach this process (decision 0028).
         policy_watch = await policy_state.start(horde)
+        # Each server process (one per --wc worker) says what it runs; the policies are the database's.
         in_force = " ".join(f"{kind}={name}" for kind, name in horde.policies.names.items())
-        log.info("policies in force (the database's): %s", in_force)
+        log.info("horde-lite %s process %d: database %s; policies in force: %s",
+                 horde_lite_version(), os.getpid(), masked(url), in_force)  # fmt: skip
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
         listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
         try:

@@ -183,12 +183,17 @@ def server(tmp_path: Path, env: dict[str, str], port: int) -> Iterator[tuple[sub
 def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
     port = free_port()
     env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL=db_url)
-    with server(tmp_path, env, port) as (_, log):
+    with server(tmp_path, env, port) as (process, log):
         first = log.read_text().splitlines()[0]
         masked = make_url(db_url).render_as_string(hide_password=True)
         assert first.startswith(f"horde-lite {horde_lite_version()} on http://127.0.0.1:{port}; ")
         assert f"database {masked} (HORDE_LITE_DATABASE__URL)" in first
         assert "policies selected: speed_gate=prefer_capable allowance_curve=estimated_wait" in first
+        # The server process itself (each one, with --wc) names what it runs, policies from the database.
+        assert (
+            f"horde-lite {horde_lite_version()} process {process.pid}: database {masked}; policies in force: "
+            in (log.read_text())
+        )
 
         message = refused(start(tmp_path, env, *run_args(port)))
         assert f"port {port} on 127.0.0.1 is already in use" in message
@@ -209,3 +214,19 @@ def test_the_default_database_is_the_same_from_any_directory(tmp_path: Path) -> 
     assert moved.returncode == 0, moved.stderr
     assert expected in moved.stderr
     assert "now has 50 kudos" in moved.stdout
+
+
+def test_a_worker_names_itself_first(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [str(HORDE_LITE), "worker", "--horde", f"http://127.0.0.1:{free_port()}", "--key", "k" * 22,
+         "--name", "first-line", "--simulate", "20", "--model", "m"],
+        cwd=tmp_path, env=clean_env(tmp_path), stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert process.stderr is not None
+        first = process.stderr.readline()
+    finally:
+        process.send_signal(signal.SIGINT)
+        process.wait(30)
+    assert f"horde-lite worker {horde_lite_version()}: first-line for the horde at http://127.0.0.1:" in first
+    assert "backend simulated at 20 tokens/s; models m" in first
