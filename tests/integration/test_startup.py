@@ -19,14 +19,9 @@ import httpx
 from sqlalchemy.engine import make_url
 
 from horde_lite.startup import horde_lite_version
+from tests.support.fake_backend import free_port
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def clean_env(tmp_path: Path, **settings: str) -> dict[str, str]:
@@ -46,6 +41,11 @@ def start(tmp_path: Path, env: dict[str, str], *args: str) -> subprocess.Complet
     return subprocess.run(
         [str(HORDE_LITE), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60
     )
+
+
+def run_on(tmp_path: Path, url: str) -> subprocess.CompletedProcess[str]:
+    """`horde-lite run` on a free port, the database URL from the environment."""
+    return start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
 
 
 def refused(result: subprocess.CompletedProcess[str]) -> str:
@@ -107,9 +107,7 @@ def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
 
 def test_unreachable_postgresql_names_the_masked_url(tmp_path: Path) -> None:
     url = f"postgresql+asyncpg://horde:s3cret@127.0.0.1:{free_port()}/horde"
-    message = refused(
-        start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
-    )
+    message = refused(run_on(tmp_path, url))
     assert make_url(url).render_as_string(hide_password=True) in message
     assert "connection refused" in message
     assert "HORDE_LITE_DATABASE__URL" in message
@@ -118,18 +116,14 @@ def test_unreachable_postgresql_names_the_masked_url(tmp_path: Path) -> None:
 
 def test_a_missing_postgresql_database_says_how_to_create_it(tmp_path: Path, pg_url: str) -> None:
     url = make_url(pg_url).set(database="horde_lite_no_such_database").render_as_string(hide_password=False)
-    message = refused(
-        start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
-    )
+    message = refused(run_on(tmp_path, url))
     assert "has no database 'horde_lite_no_such_database'" in message
     assert "createdb" in message
 
 
 def test_a_sqlite_file_in_a_missing_directory(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'nowhere' / 'horde.db'}"
-    message = refused(
-        start(tmp_path, clean_env(tmp_path, HORDE_LITE_DATABASE__URL=url), *run_args(free_port()))
-    )
+    message = refused(run_on(tmp_path, url))
     assert f"the directory {tmp_path / 'nowhere'} does not exist" in message
     assert not (tmp_path / "nowhere").exists()
 

@@ -25,6 +25,7 @@ from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import KudosEvent, User, Worker
 from horde_lite.lifecycle.users import hash_key
 from horde_lite.settings import masked
+from tests.support.cli import point_settings_at, query
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
 
@@ -32,11 +33,7 @@ HORDE_LITE = Path(sys.executable).with_name("horde-lite")
 @pytest.fixture
 def run(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Invoke a click command with the settings pointing at the test database."""
-    monkeypatch.chdir(tmp_path)  # no ./litestar.toml from the repository
-    for key in [k for k in os.environ if k.startswith("HORDE_LITE_") and "__" in k]:
-        monkeypatch.delenv(key)
-    monkeypatch.delenv("HORDE_LITE_CONFIG", raising=False)
-    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", db_url)
+    point_settings_at(db_url, tmp_path, monkeypatch)
 
     def invoke(command: Any, *args: str) -> Result:
         return CliRunner().invoke(command, list(args), catch_exceptions=False)
@@ -44,27 +41,15 @@ def run(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     return invoke
 
 
-def _query(url: str, statement: Any) -> list[Any]:
-    async def go() -> list[Any]:
-        engine = make_engine(url, null_pool=True)
-        try:
-            async with make_sessionmaker(engine)() as session:
-                return list((await session.execute(statement)).all())
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(go())
-
-
 def _user(url: str, name: str) -> User:
-    rows = _query(url, select(User).where(User.username == name))
+    rows = query(url, select(User).where(User.username == name))
     assert len(rows) == 1
     return rows[0][0]
 
 
 def _ledger(url: str, user_id: int) -> list[tuple[float, str]]:
-    query = select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id)
-    rows = _query(url, query.order_by(KudosEvent.id))
+    events = select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id)
+    rows = query(url, events.order_by(KudosEvent.id))
     return [(amount, kind) for amount, kind in rows]
 
 
@@ -85,7 +70,7 @@ def test_users_create_prints_the_key_alone_on_the_last_line(run: Any, db_url: st
     # The starting kudos went through the ledger.
     assert _ledger(db_url, user.id) == [(250.0, "grant")]
     # Nothing in the users table holds the key in clear.
-    for row in _query(db_url, text("SELECT * FROM users")):
+    for row in query(db_url, text("SELECT * FROM users")):
         assert all(key not in str(value) for value in row)
 
 
@@ -103,7 +88,7 @@ def test_users_create_refuses_a_taken_name(run: Any, db_url: str) -> None:
     again = run(cli.users, "create", "dave")
     assert again.exit_code != 0
     assert "already exists" in again.output
-    assert len(_query(db_url, select(User.id).where(User.username == "dave"))) == 1
+    assert len(query(db_url, select(User.id).where(User.username == "dave"))) == 1
 
 
 def test_users_kudos_sets_and_adds_through_the_ledger(run: Any, db_url: str) -> None:
@@ -157,11 +142,11 @@ def test_users_set_changes_flags_and_the_workers_trust(run: Any, db_url: str) ->
     result = run(cli.users, "set", "gina", "--trusted", "--moderator")
     assert result.exit_code == 0, result.output
     assert (_user(db_url, "gina").trusted, _user(db_url, "gina").moderator) == (True, True)
-    assert _query(db_url, select(Worker.trusted).where(Worker.name == "gina-w")) == [(True,)]
+    assert query(db_url, select(Worker.trusted).where(Worker.name == "gina-w")) == [(True,)]
     result = run(cli.users, "set", "gina", "--untrusted")
     assert result.exit_code == 0, result.output
     assert (_user(db_url, "gina").trusted, _user(db_url, "gina").moderator) == (False, True)
-    assert _query(db_url, select(Worker.trusted).where(Worker.name == "gina-w")) == [(False,)]
+    assert query(db_url, select(Worker.trusted).where(Worker.name == "gina-w")) == [(False,)]
     assert _user(db_url, "gina").api_key_hash == hash_key(key)
 
 
@@ -183,7 +168,7 @@ def test_database_upgrade_creates_a_new_sqlite_database(
     result = CliRunner().invoke(cli.database, ["upgrade"], catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert asyncio.run(migrate.current(url)) in migrate.heads()
-    assert _query(url, select(User.id)) == []
+    assert query(url, select(User.id)) == []
 
 
 def test_users_create_migrates_a_new_database_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -250,7 +235,7 @@ def test_users_create_refuses_reserved_names(run: Any, db_url: str) -> None:
     for name in ("Anonymous", "anonymous", "ann#3"):
         result = run(cli.users, "create", name)
         assert result.exit_code != 0, name
-    assert _query(db_url, select(User.id)) == []
+    assert query(db_url, select(User.id)) == []
 
 
 # --- the database each command uses, named on stderr ------------------------------------------------

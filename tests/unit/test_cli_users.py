@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,14 @@ from sqlalchemy import select, text
 from horde_lite import cli
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import KudosEvent, SharedKey, User, Worker
+from tests.support.cli import point_settings_at, query
 from tests.support.horde import ANON, HordeClient
 
 
 @pytest.fixture
 def run(db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
     """Invoke a click command with the settings pointing at the test database."""
-    monkeypatch.chdir(tmp_path)  # no ./litestar.toml from the repository
-    for key in [k for k in os.environ if k.startswith("HORDE_LITE_") and "__" in k]:
-        monkeypatch.delenv(key)
-    monkeypatch.delenv("HORDE_LITE_CONFIG", raising=False)
-    monkeypatch.setenv("HORDE_LITE_DATABASE__URL", db_url)
+    point_settings_at(db_url, tmp_path, monkeypatch)
 
     def invoke(*args: str, stdin: str | None = None) -> Result:
         return CliRunner().invoke(cli.users, list(args), input=stdin, catch_exceptions=False)
@@ -42,20 +38,8 @@ def _key(result: Result) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-def _query(url: str, statement: Any) -> list[Any]:
-    async def go() -> list[Any]:
-        engine = make_engine(url, null_pool=True)
-        try:
-            async with make_sessionmaker(engine)() as session:
-                return list((await session.execute(statement)).all())
-        finally:
-            await engine.dispose()
-
-    return asyncio.run(go())
-
-
 def _balance(url: str, name: str) -> float:
-    return _query(url, select(User.kudos).where(User.username == name))[0][0]
+    return query(url, select(User.kudos).where(User.username == name))[0][0]
 
 
 # --- negative amounts -----------------------------------------------------------------------------
@@ -76,8 +60,8 @@ def test_kudos_takes_negative_amounts_as_they_are_written(run: Any, db_url: str)
     assert after_dashes.exit_code == 0, after_dashes.output
     assert "bob#1 now has -5000 kudos" in after_dashes.stdout
     assert _balance(db_url, "bob") == -5000
-    user_id = _query(db_url, select(User.id).where(User.username == "bob"))[0][0]
-    events = _query(db_url, select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id))
+    user_id = query(db_url, select(User.id).where(User.username == "bob"))[0][0]
+    events = query(db_url, select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id))
     assert sorted(events) == sorted(
         [(100.0, "grant"), (-5100.0, "debit"), (-250.5, "debit"), (-0.5, "debit"), (251.0, "grant")]
     )
@@ -103,8 +87,8 @@ def test_kudos_refuses_what_is_not_an_amount(run: Any, db_url: str, args: tuple[
 
 def test_create_with_negative_kudos_is_a_debit(run: Any, db_url: str) -> None:
     assert run("create", "debtor", "--kudos", "-20").exit_code == 0
-    user_id = _query(db_url, select(User.id).where(User.username == "debtor"))[0][0]
-    events = _query(db_url, select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id))
+    user_id = query(db_url, select(User.id).where(User.username == "debtor"))[0][0]
+    events = query(db_url, select(KudosEvent.amount, KudosEvent.kind).where(KudosEvent.user_id == user_id))
     assert events == [(-20.0, "debit")]
 
 
@@ -321,4 +305,4 @@ def test_delete_nobody(run: Any, db_url: str) -> None:
     result = run("delete", "nobody", "-y")
     assert result.exit_code == 1
     assert "No user named 'nobody'" in result.output
-    assert _query(db_url, select(SharedKey.key_hash)) == []
+    assert query(db_url, select(SharedKey.key_hash)) == []
