@@ -529,10 +529,12 @@ def cli(ctx: click.Context) -> None:
 
 
 # Litestar's own help speaks of app discovery and the `litestar` command: say what they do here.
-run_command.short_help = "Serve the horde (the APIs, /metrics, /dashboard); migrates the database first."
+run_command.short_help = "Serve the horde, once the settings, the port and the database check out."
 run_command.help = (
     "Serve the horde with uvicorn: the horde API (/api), the OpenAI front (/v1), /metrics and "
-    "/dashboard. A database that is behind is migrated at start-up. The options are Litestar's."
+    "/dashboard. First the settings, the policies, the port and the database are checked, and a "
+    "failure is a plain message (exit status 2) before anything is written; then a database that is "
+    "behind is migrated. The options are Litestar's."
 )
 routes_command.short_help = routes_command.help = "List the HTTP routes the server answers."
 for _command in (guard_run(run_command), *OPERATOR_COMMANDS, routes_command, version):
