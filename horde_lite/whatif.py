@@ -388,7 +388,6 @@ async def allowance_whatif(
     )
 
 
-
 def render_allowance(report: AllowanceReport) -> str:
     options = ", ".join(f"{k}={v}" for k, v in sorted(report.options.items())) or "default options"
     lines = [

@@ -46,7 +46,6 @@ from horde_lite.settings import Settings, SettingsError, load_settings
 log = logging.getLogger("horde_lite.policies")
 
 
-
 @dataclass(frozen=True, slots=True)
 class KindState:
     """One policy_state row."""

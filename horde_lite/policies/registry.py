@@ -32,9 +32,7 @@ def _build(kind: str, name: str, options: dict[str, Any], setting: str | None = 
     key = setting or kind
     if name not in available:
         names = ", ".join(sorted(available)) or "none"
-        raise PolicyError(
-            f"[policies] {key} = {name!r} is not installed; installed {kind} policies: {names}"
-        )
+        raise PolicyError(f"[policies] {key} = {name!r} is not installed; installed {kind} policies: {names}")
     try:
         cls = available[name].load()
     except Exception as e:  # a broken third-party package must name itself
