@@ -13,6 +13,7 @@ import contextlib
 import errno
 import functools
 import os
+import re
 import socket
 import sqlite3
 import sys
@@ -78,10 +79,23 @@ def checked_settings() -> Settings:
 
     try:
         settings = load_settings()
-        load_policies(settings.policies)  # a name not installed or a bad option
     except SettingsError as e:
         raise StartupError(str(e)) from None
+    try:
+        load_policies(settings.policies)  # a name not installed or a bad option
+    except SettingsError as e:
+        raise StartupError(f"{_policy_source(str(e))}: {e}") from None
     return settings
+
+
+def _policy_source(message: str) -> str:
+    """Where the policy a message names was selected: its variable, else the settings file."""
+    named = re.match(r"\[policies\] (\w+)", message)
+    variable = f"HORDE_LITE_POLICIES__{named[1].upper()}" if named else ""
+    if variable in os.environ:
+        return variable
+    path, _ = settings_file()
+    return str(path.absolute()) if path.exists() else "the defaults"
 
 
 # --- the port --------------------------------------------------------------------------------

@@ -98,8 +98,14 @@ def test_postgres_scheme_gets_the_driver_hint(tmp_path: Path) -> None:
 def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
     env = clean_env(tmp_path, HORDE_LITE_POLICIES__SPEED_GATE="fastest")
     message = refused(start(tmp_path, env, *run_args(free_port())))
-    assert "fastest" in message
+    assert message.startswith(
+        "horde-lite: HORDE_LITE_POLICIES__SPEED_GATE: [policies] speed_gate = 'fastest' is not installed; "
+    )
     assert "prefer_capable" in message
+    (tmp_path / "litestar.toml").write_text("[policies.allowance_curve]\nname = 'steepest'\n")
+    message = refused(start(tmp_path, clean_env(tmp_path), *run_args(free_port())))
+    in_file = f"horde-lite: {tmp_path / 'litestar.toml'}: [policies] allowance_curve = 'steepest'"
+    assert message.startswith(in_file)
 
 
 # --- the database ----------------------------------------------------------------------------
