@@ -22,9 +22,10 @@ import rich_click
 from litestar.cli._utils import LitestarEnv, LitestarGroup
 from litestar.cli.commands.core import routes_command, run_command
 
+from horde_lite import __version__
 from horde_lite.demo.command import demo as demo_command
 from horde_lite.settings import Settings, SettingsError, load_settings, masked
-from horde_lite.startup import StartupError, check_database, fail, guard_run, horde_lite_version
+from horde_lite.startup import StartupError, check_database, fail, guard_run
 from horde_lite.worker.command import worker as worker_command
 
 T = TypeVar("T")
@@ -98,9 +99,8 @@ def _with_session(work: Callable[..., Awaitable[T]]) -> T:
 def version_text() -> str:
     from litestar import __version__ as litestar_version
 
-    ours = horde_lite_version()
     litestar = f"{litestar_version.major}.{litestar_version.minor}.{litestar_version.patch}"
-    return f"horde-lite {ours}\nLitestar {litestar}, Python {platform.python_version()}"
+    return f"horde-lite {__version__}\nLitestar {litestar}, Python {platform.python_version()}"
 
 
 # --- database ---------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from litestar.config.app import AppConfig
 from litestar.plugins import CLIPluginProtocol, InitPluginProtocol
 
+from horde_lite import __version__
 from horde_lite.api import http_metrics
 from horde_lite.api.body_rules import BodyRules
 from horde_lite.api.db_errors import database_unavailable
@@ -31,7 +32,6 @@ from horde_lite.lifecycle.notify import start_listener
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import load_policies
 from horde_lite.settings import Settings, masked
-from horde_lite.startup import horde_lite_version
 
 if TYPE_CHECKING:
     from click import Group
@@ -82,7 +82,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         # Each server process (one per --wc worker) says what it runs; the policies are the database's.
         in_force = " ".join(f"{kind}={name}" for kind, name in horde.policies.names.items())
         log.info("horde-lite %s process %d: database %s; policies in force: %s",
-                 horde_lite_version(), os.getpid(), masked(url), in_force)  # fmt: skip
+                 __version__, os.getpid(), masked(url), in_force)  # fmt: skip
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
         listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
         try:

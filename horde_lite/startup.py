@@ -18,13 +18,13 @@ import socket
 import sqlite3
 import sys
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, NoReturn
 
 import click
 from sqlalchemy.engine import URL, make_url
 
+from horde_lite import __version__
 from horde_lite.settings import (
     CONFIG_ENV,
     Settings,
@@ -40,15 +40,6 @@ CONNECT_TIMEOUT = 10.0  # seconds to reach PostgreSQL before calling it unreacha
 
 class StartupError(Exception):
     """A problem found before start-up; the message is what the operator reads."""
-
-
-def horde_lite_version() -> str:
-    try:
-        return version("horde-lite")
-    except PackageNotFoundError:  # run from a source tree that was never installed
-        from horde_lite import __version__
-
-        return __version__
 
 
 def settings_source() -> str:
@@ -242,7 +233,7 @@ class Banner:
         )
         at = f" on {address}" if address else ""
         return (
-            f"horde-lite {horde_lite_version()}{at}; database {database_source(self.settings)}; "
+            f"horde-lite {__version__}{at}; database {database_source(self.settings)}; "
             f"settings {settings_source()}; policies selected: {policies}"
         )
 

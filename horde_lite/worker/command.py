@@ -8,9 +8,10 @@ import sys
 
 import click
 
+from horde_lite import __version__
 from horde_lite.worker.backends import KINDS, SimulatedBackend
 from horde_lite.worker.backends.base import Backend
-from horde_lite.worker.config import VERSION, WorkerConfig
+from horde_lite.worker.config import WorkerConfig
 from horde_lite.worker.runner import Worker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
@@ -157,6 +158,6 @@ def worker(
     )
     logging.getLogger("horde_lite.worker").info(
         "horde-lite worker %s: %s for the horde at %s; backend %s; models %s",
-        VERSION, name, horde_url, serving, ", ".join(models) or "(from the backend)",
+        __version__, name, horde_url, serving, ", ".join(models) or "(from the backend)",
     )  # fmt: skip
     sys.exit(asyncio.run(Worker(config, backend).run()))

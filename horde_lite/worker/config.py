@@ -3,16 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from horde_lite import __version__
 from horde_lite.worker.backends.base import Discovered
 
-try:
-    VERSION = version("horde-lite")
-except PackageNotFoundError:  # pragma: no cover - running from a source tree without metadata
-    VERSION = "0"
-BRIDGE_AGENT = f"horde-lite worker:{VERSION}:unknown"  # upstream's "name:version:url"
+BRIDGE_AGENT = f"horde-lite worker:{__version__}:unknown"  # upstream's "name:version:url"
 DEFAULT_CONTEXT = 4096  # when neither the backend nor a flag says
 MAX_DEFAULT_OUTPUT = 4096  # the default max_length is half the context, at most this
 

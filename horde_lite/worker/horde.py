@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from horde_lite.worker.config import VERSION
+from horde_lite import __version__
 
 log = logging.getLogger("horde_lite.worker")
 
@@ -48,7 +48,7 @@ class HordeAPI:
         self.base = api_base(url)
         self.http = httpx.AsyncClient(
             base_url=self.base,
-            headers={"apikey": key, "Client-Agent": f"horde-lite-worker:{VERSION}:unknown"},
+            headers={"apikey": key, "Client-Agent": f"horde-lite-worker:{__version__}:unknown"},
             timeout=timeout,
         )
         self.submitted: dict[str, None] = {}  # ids submitted, newest last (bounded)

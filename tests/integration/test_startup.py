@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 from sqlalchemy.engine import make_url
 
-from horde_lite.startup import horde_lite_version
+from horde_lite import __version__
 from tests.support.fake_backend import free_port
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
@@ -186,13 +186,12 @@ def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
     with server(tmp_path, env, port) as (process, log):
         first = log.read_text().splitlines()[0]
         masked = make_url(db_url).render_as_string(hide_password=True)
-        assert first.startswith(f"horde-lite {horde_lite_version()} on http://127.0.0.1:{port}; ")
+        assert first.startswith(f"horde-lite {__version__} on http://127.0.0.1:{port}; ")
         assert f"database {masked} (HORDE_LITE_DATABASE__URL)" in first
         assert "policies selected: speed_gate=prefer_capable allowance_curve=estimated_wait" in first
         # The server process itself (each one, with --wc) names what it runs, policies from the database.
-        assert (
-            f"horde-lite {horde_lite_version()} process {process.pid}: database {masked}; policies in force: "
-            in (log.read_text())
+        assert f"horde-lite {__version__} process {process.pid}: database {masked}; policies in force: " in (
+            log.read_text()
         )
 
         message = refused(start(tmp_path, env, *run_args(port)))
@@ -228,5 +227,5 @@ def test_a_worker_names_itself_first(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGINT)
         process.wait(30)
-    assert f"horde-lite worker {horde_lite_version()}: first-line for the horde at http://127.0.0.1:" in first
+    assert f"horde-lite worker {__version__}: first-line for the horde at http://127.0.0.1:" in first
     assert "backend simulated at 20 tokens/s; models m" in first
