@@ -17,7 +17,6 @@ import re
 import socket
 import sqlite3
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -42,14 +41,18 @@ class StartupError(Exception):
     """A problem found before start-up; the message is what the operator reads."""
 
 
+def _settings_file_read() -> Path | None:
+    """The settings file this process reads (absolute, as load_settings names it), if any."""
+    path, _ = settings_file()
+    return path.absolute() if path.exists() else None
+
+
 def settings_source() -> str:
     """Which settings file this process reads, as the operator should see it."""
-    path, explicit = settings_file()
-    if path.exists():
-        return str(path.resolve())
-    if explicit:  # load_settings refuses this case; said here for completeness
-        return f"{path} (missing)"
-    return f"defaults (no {path} in {Path.cwd()}; {CONFIG_ENV} names another file)"
+    path = _settings_file_read()
+    if path is not None:
+        return str(path)
+    return f"defaults (no {settings_file()[0]} in {Path.cwd()}; {CONFIG_ENV} names another file)"
 
 
 def database_source(settings: Settings) -> str:
@@ -85,8 +88,8 @@ def _policy_source(message: str) -> str:
     variable = f"HORDE_LITE_POLICIES__{named[1].upper()}" if named else ""
     if variable in os.environ:
         return variable
-    path, _ = settings_file()
-    return str(path.absolute()) if path.exists() else "the defaults"
+    path = _settings_file_read()
+    return "the defaults" if path is None else str(path)
 
 
 # --- the port --------------------------------------------------------------------------------
@@ -221,21 +224,16 @@ def _root_cause(error: BaseException) -> str:
 # --- what the process says first -------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Banner:
-    settings: Settings
-
-    def line(self, address: str | None) -> str:
-        """The first line a server process logs: version, address, database, settings, policies."""
-        p = self.settings.policies
-        policies = (
-            f"speed_gate={p.speed_gate} allowance_curve={p.allowance_curve} shadow_metrics={p.shadow_metrics}"
-        )
-        at = f" on {address}" if address else ""
-        return (
-            f"horde-lite {__version__}{at}; database {database_source(self.settings)}; "
-            f"settings {settings_source()}; policies selected: {policies}"
-        )
+def first_line(settings: Settings, address: str) -> str:
+    """The first line `horde-lite run` prints: version, address, database, settings, policies."""
+    p = settings.policies
+    policies = (
+        f"speed_gate={p.speed_gate} allowance_curve={p.allowance_curve} shadow_metrics={p.shadow_metrics}"
+    )
+    return (
+        f"horde-lite {__version__} on {address}; database {database_source(settings)}; "
+        f"settings {settings_source()}; policies selected: {policies}"
+    )
 
 
 def server_address(host: str, port: int, fd: int | None, uds: str | None) -> str:
@@ -272,7 +270,7 @@ def guard_run(run: click.Command) -> click.Command:
             check_database(settings)
         except StartupError as e:
             fail(e)
-        click.echo(Banner(settings).line(server_address(host, port, fd, uds)), err=True)
+        click.echo(first_line(settings, server_address(host, port, fd, uds)), err=True)
         return original(*args, **kwargs)
 
     run.callback = checked
