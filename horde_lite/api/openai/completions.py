@@ -58,9 +58,8 @@ async def chat_completions(
     if data.dry_run:
         quoted = await chat_front.quote(horde, caller, payload, data.model)
         return Response(schemas.quote(quoted))
-    creating = chat_front.create(horde, caller, payload, data.model, stream=bool(data.stream))
-    usage = schemas.wants_usage(data.stream_options)
-    return await respond(request, horde, creating, CHAT, include_usage=usage)
+    front = await chat_front.create(horde, caller, payload, data.model, stream=bool(data.stream))
+    return await respond(request, horde, front, CHAT, include_usage=schemas.wants_usage(data.stream_options))
 
 
 HANDLERS = [chat_completions]

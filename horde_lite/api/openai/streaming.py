@@ -80,15 +80,9 @@ class Answer:
 
 
 async def respond(
-    request: Req, horde: Horde, creating: Awaitable[FrontRequest], answer: Answer, *, include_usage: bool
+    request: Req, horde: Horde, front: FrontRequest, answer: Answer, *, include_usage: bool
 ) -> Response[Any]:
-    """Create the request, wait for it and answer it, whole or as a stream (the lifecycle's rules).
-
-    The creation is shielded: a handler cancelled mid-commit (the server stopping, an in-process
-    client going away) would leave a committed request nobody waits for. Shielded, it completes and
-    the cancellation arrives below, where a request that lost its client is cancelled."""
-    with anyio.CancelScope(shield=True):
-        front = await creating
+    """Wait for the request and answer it, whole or as a stream (the lifecycle's rules)."""
     waiter = Waiter(horde, front)
     headers = {"x-horde-request-id": front.request_id}
     if not front.stream:

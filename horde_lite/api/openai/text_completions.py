@@ -38,9 +38,8 @@ async def completions(
 ) -> Response[TextCompletion]:
     """A text completion of a prompt (OpenAI's completions API), made by a legacy text request."""
     body = schemas.to_text_request(data)
-    creating = text_front.create(horde, caller, body, stream=bool(data.stream))
-    usage = schemas.wants_usage(data.stream_options)
-    return await respond(request, horde, creating, TEXT, include_usage=usage)
+    front = await text_front.create(horde, caller, body, stream=bool(data.stream))
+    return await respond(request, horde, front, TEXT, include_usage=schemas.wants_usage(data.stream_options))
 
 
 HANDLERS = [completions]
