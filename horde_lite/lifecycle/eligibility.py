@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
@@ -334,11 +334,17 @@ REQUEST_FACT_JSON = frozenset(
 
 
 def worker_facts(row: Any) -> WorkerFacts:
-    """A worker row (read with WORKER_FACT_COLUMNS) as facts."""
-    values = {name: getattr(row, name) for name in WORKER_FACT_COLUMNS}
-    for name in WORKER_FACT_JSON:
-        values[name] = _set(values[name])
-    return WorkerFacts(**values)
+    """A worker (a row or an object with WORKER_FACT_COLUMNS) as facts."""
+    return worker_facts_of(tuple(getattr(row, name) for name in WORKER_FACT_COLUMNS))
+
+
+_WORKER_JSON_AT = frozenset(i for i, name in enumerate(WORKER_FACT_COLUMNS) if name in WORKER_FACT_JSON)
+
+
+def worker_facts_of(values: Sequence[Any]) -> WorkerFacts:
+    """Facts from the values of WORKER_FACT_COLUMNS, in that order (a bulk reader's row slice:
+    positional access is several times cheaper than a row's attributes)."""
+    return WorkerFacts(*(_set(v) if i in _WORKER_JSON_AT else v for i, v in enumerate(values)))
 
 
 _NONE: frozenset[str] = frozenset()
@@ -359,21 +365,29 @@ def _parsed(text: str) -> frozenset[str]:
 
 
 def request_facts(row: Any) -> RequestFacts:
-    """A request row (read with REQUEST_FACT_COLUMNS) as facts, the way the SQL clauses read it: a
-    request with no models takes any worker; an allow-list counts only when the request is targeted."""
+    """A request (a row or an object with REQUEST_FACT_COLUMNS) as facts."""
+    return request_facts_of(tuple(getattr(row, name) for name in REQUEST_FACT_COLUMNS))
+
+
+def request_facts_of(values: Sequence[Any]) -> RequestFacts:
+    """Facts from the values of REQUEST_FACT_COLUMNS, in that order, the way the SQL clauses read
+    them: a request with no models takes any worker; an allow-list counts only when the request
+    is targeted."""
+    (user_id, is_chat, max_length, max_context_length, prompt_tokens, models, any_model, features,
+     transports, targeted, allow, deny, trusted_workers, slow_workers, nsfw, failed) = values  # fmt: skip
     return RequestFacts(
-        user_id=row.user_id,
-        is_chat=row.is_chat,
-        max_length=row.max_length,
-        max_context_length=row.max_context_length,
-        prompt_tokens=row.prompt_tokens,
-        models=_NONE if row.any_model else _set(row.models),
-        required_features=_set(row.required_features),
-        required_transports=_set(row.required_transports),
-        worker_allow=_set(row.worker_allow) if row.targeted else _NONE,
-        worker_deny=_set(row.worker_deny),
-        trusted_workers=row.trusted_workers,
-        slow_workers=row.slow_workers,
-        nsfw=row.nsfw,
-        failed_workers=_set(row.failed_workers),
+        user_id,
+        is_chat,
+        max_length,
+        max_context_length,
+        prompt_tokens,
+        _NONE if any_model else _set(models),
+        _set(features),
+        _set(transports),
+        _set(allow) if targeted else _NONE,
+        _set(deny),
+        trusted_workers,
+        slow_workers,
+        nsfw,
+        _set(failed),
     )

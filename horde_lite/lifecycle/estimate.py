@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy import Text, and_, bindparam, cast, false, func, select, true
@@ -18,6 +19,7 @@ from sqlalchemy.orm import aliased
 from horde_lite.db.models import TextRequest, Worker
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.eligibility import (
+    NOW,
     REQUEST_FACT_COLUMNS,
     REQUEST_FACT_JSON,
     WORKER_FACT_COLUMNS,
@@ -30,9 +32,9 @@ from horde_lite.lifecycle.eligibility import (
     capable_worker_online,
     eligibility_clauses,
     gate_passes,
-    request_facts,
+    request_facts_of,
     request_offered,
-    worker_facts,
+    worker_facts_of,
     worker_speed,
 )
 
@@ -81,19 +83,19 @@ async def estimate(
        the horizon (`[allowance] estimate_horizon_seconds`): a longer wait changes no allowance.
     """
     values = {"now": rules.now, "request_id": request_id}
-    head = (await session.execute(built_once(rules, ("estimate head",), _head), values)).one_or_none()
+    conn = await session.connection()  # Core statements: the ORM's result machinery only costs
+    head = (await conn.execute(built_once(rules, ("estimate head",), _head), values)).one_or_none()
     if head is None:
         return Estimate(0, 0, 0.0, 0, 0, 0, 0)
     own, start, created, capable = head
     eligible_workers = built_once(rules, ("estimate workers", bool(capable)), _workers(bool(capable)))
-    workers = (await session.execute(eligible_workers, values)).all()
+    workers = (await conn.execute(eligible_workers, values)).all()
     if not workers:
         return Estimate(0, 0, 0.0, 0, 0, 0, int(own or 0))
     threads = sum(int(row[0]) for row in workers)
     speed = sum(float(row[1]) for row in workers)
-    eligible = [worker_facts(row) for row in workers]
+    eligible = [worker_facts_of(row[2:]) for row in workers]  # after threads and speed
     judge = _Judge(rules, eligible)
-    q = TextRequest
     horizon = speed * rules.horizon_seconds
     work = jobs = requests = 0
     walk = queue_index.walk(
@@ -102,22 +104,17 @@ async def estimate(
         size=page,
         limits=_widest(eligible),
         before=queue_index.Position(start, created, request_id),
-        columns=(and_(*request_offered(q, rules.now)).label("offered"), q.n_remaining, *_FACT_COLUMNS),
+        columns=_WALK_COLUMNS,
+        reads="estimate",
+        values={"now": rules.now},
     )
     async for rows in walk:
         rows = [row for row in rows if row.offered]
-        verdicts = {row[0]: judge.takeable(request_facts(row)) for row in rows}
+        verdicts = {row[0]: judge.verdict(row) for row in rows}
         undecided = [rid for rid, verdict in verdicts.items() if isinstance(verdict, tuple)]
         if undecided:  # "is a capable worker for q online", asked once for the page
-            capable_for = set(
-                (
-                    await session.execute(
-                        select(q.id).where(q.id.in_(undecided), capable_worker_online(q, rules))
-                    )
-                )
-                .scalars()
-                .all()
-            )
+            capable = built_once(rules, ("estimate capable",), _capable)
+            capable_for = set((await conn.execute(capable, {"now": rules.now, "ids": undecided})).scalars())
             for rid in undecided:
                 a, b = verdicts[rid]  # type: ignore[misc]
                 verdicts[rid] = a if rid in capable_for else b
@@ -137,6 +134,12 @@ def _head(rules: Rules) -> Any:
     return select(
         r.max_length * r.n_remaining, r.effective_start, r.created_at, capable_worker_online(r, rules)
     ).where(r.id == bindparam("request_id"))
+
+
+def _capable(rules: Rules) -> Any:
+    """Which of the requests `ids` a capable worker online could take (the speed gate's input)."""
+    q = TextRequest
+    return select(q.id).where(q.id.in_(bindparam("ids", expanding=True)), capable_worker_online(q, rules))
 
 
 def _workers(capable: bool) -> Callable[[Rules], Any]:
@@ -166,11 +169,26 @@ class _Judge:
 
     def __init__(self, rules: Rules, eligible: list[WorkerFacts]) -> None:
         self.rules = rules
+        # The roomiest workers first: a queued request is usually taken by the first one tried.
+        eligible = sorted(eligible, key=_roominess, reverse=True)
         self.eligible = eligible
         self.by_model: dict[str, list[WorkerFacts]] = {}
         for w in eligible:
             for m in w.models:
                 self.by_model.setdefault(m, []).append(w)
+        # Verdicts by the facts a row holds: queued requests repeat a few shapes (a model, a
+        # length, the same flags), and judging one against dozens of workers is the walk's main
+        # cost. The requester counts only for a worker in maintenance (its owner's requests).
+        self._facts = _FACTS if any(w.maintenance for w in eligible) else _FACTS_BUT_USER
+        self._verdicts: dict[tuple[Any, ...], bool | tuple[bool, bool]] = {}
+
+    def verdict(self, row: Any) -> bool | tuple[bool, bool]:
+        """`takeable` for a row read with `_FACT_COLUMNS`, judged once per distinct facts."""
+        key = self._facts(row)
+        found = self._verdicts.get(key)
+        if found is None:
+            found = self._verdicts[key] = self.takeable(request_facts_of(_FACTS(row)))
+        return found
 
     def _serving(self, q: RequestFacts) -> list[WorkerFacts]:
         if not q.models:
@@ -224,6 +242,28 @@ def _columns(entity: Any, names: tuple[str, ...], json: frozenset[str]) -> tuple
 
 _WORKER_FACTS = _columns(_W, WORKER_FACT_COLUMNS, WORKER_FACT_JSON)
 _FACT_COLUMNS = _columns(TextRequest, REQUEST_FACT_COLUMNS, REQUEST_FACT_JSON)
+# What the walk reads of each queued request (built once: the walk's statements are cached).
+_WALK_COLUMNS = (
+    and_(*request_offered(TextRequest, NOW)).label("offered"),  # type: ignore[arg-type]
+    TextRequest.n_remaining,
+    *_FACT_COLUMNS,
+)
+# The walk's rows: (request_id, effective_start, created_at, offered, n_remaining, *facts).
+_FACTS = itemgetter(*range(5, 5 + len(REQUEST_FACT_COLUMNS)))
+_FACTS_BUT_USER = itemgetter(*(5 + i for i, c in enumerate(REQUEST_FACT_COLUMNS) if c != "user_id"))
+
+
+def _roominess(w: WorkerFacts) -> tuple[Any, ...]:
+    return (
+        w.max_length,
+        w.max_context_length,
+        w.chat_max_completion_tokens or 0,
+        w.chat_max_context_tokens or 0,
+        len(w.chat_features),
+        w.trusted,
+        w.nsfw,
+        w.capacity,
+    )
 
 
 async def horde_totals(session: AsyncSession, rules: Rules) -> tuple[int, int]:

@@ -18,7 +18,20 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, case, delete, insert, not_, or_, select, true, tuple_, union_all
+from sqlalchemy import (
+    Select,
+    and_,
+    bindparam,
+    case,
+    delete,
+    insert,
+    not_,
+    or_,
+    select,
+    true,
+    tuple_,
+    union_all,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -94,73 +107,128 @@ async def leave(session: AsyncSession, request_id: str) -> None:
     await session.execute(delete(QueueEntry).where(QueueEntry.request_id == request_id))
 
 
-def _fits(is_chat: Any, need_length: Any, need_context: Any, limits: Limits) -> ColumnElement[bool]:
-    legacy = and_(not_(is_chat), need_length <= limits.max_length, need_context <= limits.max_context_length)
-    if limits.chat_max_completion_tokens is None or limits.chat_max_context_tokens is None:
-        return legacy
-    chat = and_(
-        is_chat,
-        need_length <= limits.chat_max_completion_tokens,
-        need_context <= limits.chat_max_context_tokens,
+def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:
+    """The lengths a worker accepts, as bound parameters (`Limits` gives their values); `chat`:
+    the worker declared chat limits."""
+    legacy = and_(
+        not_(is_chat),
+        need_length <= bindparam("max_length"),
+        need_context <= bindparam("max_context_length"),
     )
-    return or_(legacy, chat)
+    if not chat:
+        return legacy
+    return or_(
+        legacy,
+        and_(is_chat, need_length <= bindparam("chat_length"), need_context <= bindparam("chat_context")),
+    )
 
 
-def _between(key: Any, after: Position | None, before: Position | None) -> list[ColumnElement[bool]]:
+def _between(key: Any, after: bool, before: bool) -> list[ColumnElement[bool]]:
     """After a page's last row (the full key); before a request: strictly earlier in time, so two
     requests made at the same instant with the same priority are not ahead of each other."""
     clauses: list[ColumnElement[bool]] = []
-    if after is not None:
-        clauses.append(tuple_(*key) > tuple_(after.effective_start, after.created_at, after.request_id))
-    if before is not None:
-        clauses.append(tuple_(*key[:2]) < tuple_(before.effective_start, before.created_at))
+    if after:
+        start, created, rid = bindparam("after_start"), bindparam("after_created"), bindparam("after_id")
+        clauses.append(tuple_(*key) > tuple_(start, created, rid))
+    if before:
+        clauses.append(tuple_(*key[:2]) < tuple_(bindparam("before_start"), bindparam("before_created")))
     return clauses
 
 
-def page(
-    models: Sequence[str] | None,
-    *,
-    size: int,
-    limits: Limits | None = None,
-    after: Position | None = None,
-    before: Position | None = None,
-) -> Select[Any]:
-    """The next `size` waiting requests in queue order between `after` and `before` (see `_between`) that
-    ask for one of `models` or for any model (None: every waiting request), skipping those whose
-    lengths exceed `limits`. Rows: (request_id, effective_start, created_at); a request asking for
-    two of the models may appear twice, side by side."""
-    if models is None or len(set(models)) >= MANY_MODELS:
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """What a page's statement is built from; its values are bound parameters (see `_values`)."""
+
+    models: int | None  # distinct models walked, the any-model entry included; None: the whole queue
+    chat: bool | None  # None: no length limits; else whether the worker declared chat limits
+    after: bool
+    before: bool
+    reads: str  # the caller's name for `columns` (built once by the caller); "" for none
+    lateral: bool  # PostgreSQL: read the rows through a lateral join (see `_statement`)
+
+
+_STATEMENTS: dict[_Shape, Select[Any]] = {}
+
+
+def _statement(shape: _Shape, columns: Sequence[Any]) -> Select[Any]:
+    """The page's statement, built once per shape (building and caching a statement of a dozen
+    subqueries cost more than running it). Rows: (request_id, effective_start, created_at,
+    *columns) in queue order; a request asking for two of the models may appear twice, side by side."""
+    built = _STATEMENTS.get(shape)
+    if built is not None:
+        return built
+    size = bindparam("size")
+    if shape.models is None:  # the whole queue through its own index, the columns read in place
         r = TextRequest
         key = (r.effective_start, r.created_at, r.id)
-        where = [r.state == "waiting", *_between(key, after, before)]
-        if limits is not None:
+        where = [r.state == "waiting", *_between(key, shape.after, shape.before)]
+        if shape.chat is not None:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
-            where.append(_fits(r.is_chat, r.max_length, need_context, limits))
-        return (
-            select(r.id.label("request_id"), r.effective_start, r.created_at)
-            .where(*where)
-            .order_by(r.effective_start, r.created_at, r.id)
-            .limit(size)
-        )
+            where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
+        built = select(r.id.label("request_id"), r.effective_start, r.created_at, *columns).where(*where)
+        built = built.order_by(*key).limit(size)
+        _STATEMENTS[shape] = built
+        return built
     e = QueueEntry
     key = (e.effective_start, e.created_at, e.request_id)
-    fits = _fits(e.is_chat, e.need_length, e.need_context, limits) if limits is not None else true()
+    fits = _fits(e.is_chat, e.need_length, e.need_context, shape.chat) if shape.chat is not None else true()
     branches = [
         select(e.request_id, e.effective_start, e.created_at)
-        .where(e.model == model, fits, *_between(key, after, before))
-        .order_by(e.effective_start, e.created_at, e.request_id)
+        .where(e.model == bindparam(f"model_{i}"), fits, *_between(key, shape.after, shape.before))
+        .order_by(*key)
         .limit(size)
         .subquery()
-        for model in sorted({*models, ANY_MODEL})
+        for i in range(shape.models)
     ]
     # SQLite takes ORDER BY/LIMIT only on a whole compound select: each branch is a subquery.
     merged = union_all(*(select(b.c.request_id, b.c.effective_start, b.c.created_at) for b in branches))
     m = merged.subquery("walk")
-    return (
+    walked = (
         select(m.c.request_id, m.c.effective_start, m.c.created_at)
         .order_by(m.c.effective_start, m.c.created_at, m.c.request_id)
         .limit(size)
+        .subquery("page")
     )
+    order = (walked.c.effective_start, walked.c.created_at, walked.c.request_id)
+    built = select(walked.c.request_id, walked.c.effective_start, walked.c.created_at)
+    if columns:
+        if shape.lateral:
+            # By primary key, row by row: a plain join lets PostgreSQL's planner hash the whole
+            # table for a page of 200 (a sequential scan that cost 8 ms of 10 at 10,000 queued).
+            # The LIMIT keeps the planner from flattening the lateral subquery back into that join.
+            rows = select(*columns).where(TextRequest.id == walked.c.request_id).limit(1).lateral("row")
+            built = built.add_columns(*rows.c).select_from(walked).outerjoin(rows, true())
+        else:  # SQLite joins through the primary key by itself
+            built = built.add_columns(*columns).select_from(walked)
+            built = built.outerjoin(TextRequest, TextRequest.id == walked.c.request_id)
+    built = built.order_by(*order)
+    _STATEMENTS[shape] = built
+    return built
+
+
+def _values(
+    models: list[str] | None,
+    size: int,
+    limits: Limits | None,
+    after: Position | None,
+    before: Position | None,
+) -> dict[str, Any]:
+    values: dict[str, Any] = {"size": size}
+    for i, model in enumerate(models or ()):
+        values[f"model_{i}"] = model
+    if limits is not None:
+        values["max_length"] = limits.max_length
+        values["max_context_length"] = limits.max_context_length
+        if limits.chat_max_completion_tokens is not None and limits.chat_max_context_tokens is not None:
+            values["chat_length"] = limits.chat_max_completion_tokens
+            values["chat_context"] = limits.chat_max_context_tokens
+    if after is not None:
+        values.update(
+            after_start=after.effective_start, after_created=after.created_at, after_id=after.request_id
+        )
+    if before is not None:
+        values.update(before_start=before.effective_start, before_created=before.created_at)
+    return values
 
 
 async def walk(
@@ -171,20 +239,36 @@ async def walk(
     limits: Limits | None = None,
     before: Position | None = None,
     columns: Sequence[Any] = (),
+    reads: str = "",
+    values: Mapping[str, Any] | None = None,
 ) -> AsyncIterator[list[Any]]:
-    """Pages of the walk in queue order (see `page`), until it runs out; the caller stops early
-    when it has what it needs. Each page is a list of rows, one per request (first appearance):
-    `(request_id, effective_start, created_at, *columns)`, the `columns` (of TextRequest) read in
-    the same statement through the primary key; a request gone since its entry was read has them
-    all NULL."""
+    """Pages of the waiting requests in queue order that ask for one of `models` or for any model
+    (None: every waiting request), skipping those whose lengths exceed `limits`, strictly before
+    `before` when given, until it runs out; the caller stops early when it has what it needs.
+
+    Each page is a list of rows, one per request (first appearance): `(request_id,
+    effective_start, created_at, *columns)`, the `columns` (of TextRequest, built once by the
+    caller and named by `reads`; their own bound parameters in `values`) read in the same
+    statement; a request gone since its entry was written has them all NULL."""
+    walked = None if models is None or len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
+    chat = None
+    if limits is not None:
+        chat = limits.chat_max_completion_tokens is not None and limits.chat_max_context_tokens is not None
+    conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
+    lateral = bool(columns) and conn.dialect.name == "postgresql"
     after: Position | None = None
     while True:
-        walked = page(models, size=size, limits=limits, after=after, before=before).subquery("page")
-        query = select(walked.c.request_id, walked.c.effective_start, walked.c.created_at, *columns)
-        if columns:
-            query = query.select_from(walked).outerjoin(TextRequest, TextRequest.id == walked.c.request_id)
-        order = (walked.c.effective_start, walked.c.created_at, walked.c.request_id)
-        rows = (await session.execute(query.order_by(*order))).all()
+        shape = _Shape(
+            None if walked is None else len(walked),
+            chat,
+            after is not None,
+            before is not None,
+            reads,
+            lateral,
+        )
+        statement = _statement(shape, columns)
+        params = {**(values or {}), **_values(walked, size, limits, after, before)}
+        rows = (await conn.execute(statement, params)).all()
         if not rows:
             return
         seen: dict[str, Any] = {}
