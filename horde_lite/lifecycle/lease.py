@@ -109,10 +109,13 @@ async def as_lease_holder(
     horde: Horde, caller: Caller, generation_id: str, act: Callable[[AsyncSession, User], Awaitable[T]]
 ) -> T:
     """A worker's post about one of its jobs (a submit, a progress post): first honour a lapse of
-    that job's lease, in a transaction of its own so the lapse is kept even though the post is then
-    refused with AbortedGen; then, in a second transaction, authenticate the worker's owner and act."""
+    that job's lease, then authenticate the worker's owner and act. Usually nothing lapsed and it is
+    one transaction; a lapse is committed on its own first, so it is kept although the post is then
+    refused with AbortedGen, and the post is judged in a second transaction."""
     async with horde.transaction() as session:
-        await lapse_expired(session, horde, horde.clock.now(), generation_id=generation_id)
+        if not await lapse_expired(session, horde, horde.clock.now(), generation_id=generation_id):
+            user = await authenticate_user(session, caller.apikey, horde.clock.now())
+            return await act(session, user)
     async with horde.transaction() as session:
         user = await authenticate_user(session, caller.apikey, horde.clock.now())
         return await act(session, user)
