@@ -231,6 +231,10 @@ class QueueEntry(Base):
             "need_length",
             "need_context",
         ),
+        # A walk's probe: does any entry of a model ask for no more than a worker's longest
+        # length (one index lookup; without it, a worker too small for a model's whole queue
+        # read every entry of that model to find none).
+        Index("ix_queue_entries_need", "model", "need_length"),
     )
 
     request_id: Mapped[str] = mapped_column(

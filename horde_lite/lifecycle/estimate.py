@@ -7,6 +7,7 @@ competing work / the eligible workers' combined lease speed.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
@@ -176,15 +177,24 @@ class _Judge:
         for w in eligible:
             for m in w.models:
                 self.by_model.setdefault(m, []).append(w)
-        # Verdicts by the facts a row holds: queued requests repeat a few shapes (a model, a
-        # length, the same flags), and judging one against dozens of workers is the walk's main
-        # cost. The requester counts only for a worker in maintenance (its owner's requests).
-        self._facts = _FACTS if any(w.maintenance for w in eligible) else _FACTS_BUT_USER
+        # Verdicts by class: queued requests repeat a few shapes (a model, a length, the same
+        # flags), and judging one against dozens of workers is the walk's main cost. Two rows are
+        # in one class when they hold the same facts but for the context they need and the
+        # requester, and their context falls between the same two context limits of these workers
+        # (the check only compares it with those limits, so the verdicts are the same). The
+        # requester counts only for a worker in maintenance (it takes its owner's requests).
+        self._by_user = any(w.maintenance for w in eligible)
+        self._contexts = sorted({w.max_context_length for w in eligible})
+        self._chat_contexts = sorted({w.chat_max_context_tokens or 0 for w in eligible})
         self._verdicts: dict[tuple[Any, ...], bool | tuple[bool, bool]] = {}
 
     def verdict(self, row: Any) -> bool | tuple[bool, bool]:
-        """`takeable` for a row read with `_FACT_COLUMNS`, judged once per distinct facts."""
-        key = self._facts(row)
+        """`takeable` for a row read with `_WALK_COLUMNS`, judged once per class (see above)."""
+        if row[_IS_CHAT]:
+            context = bisect_left(self._chat_contexts, row[_PROMPT_TOKENS] + row[_MAX_LENGTH])
+        else:
+            context = bisect_left(self._contexts, row[_MAX_CONTEXT_LENGTH])
+        key = (_CLASS_FACTS(row), context, row[_USER_ID] if self._by_user else None)
         found = self._verdicts.get(key)
         if found is None:
             found = self._verdicts[key] = self.takeable(request_facts_of(_FACTS(row)))
@@ -249,8 +259,13 @@ _WALK_COLUMNS = (
     *_FACT_COLUMNS,
 )
 # The walk's rows: (request_id, effective_start, created_at, offered, n_remaining, *facts).
-_FACTS = itemgetter(*range(5, 5 + len(REQUEST_FACT_COLUMNS)))
-_FACTS_BUT_USER = itemgetter(*(5 + i for i, c in enumerate(REQUEST_FACT_COLUMNS) if c != "user_id"))
+_AT = {c: 5 + i for i, c in enumerate(REQUEST_FACT_COLUMNS)}
+_FACTS = itemgetter(*_AT.values())
+_CLASS_FACTS = itemgetter(
+    *(i for c, i in _AT.items() if c not in ("user_id", "max_context_length", "prompt_tokens"))
+)
+_IS_CHAT, _MAX_LENGTH, _USER_ID = _AT["is_chat"], _AT["max_length"], _AT["user_id"]
+_MAX_CONTEXT_LENGTH, _PROMPT_TOKENS = _AT["max_context_length"], _AT["prompt_tokens"]
 
 
 def _roominess(w: WorkerFacts) -> tuple[Any, ...]:

@@ -33,6 +33,7 @@ from sqlalchemy import (
     union_all,
 )
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.db.models import QueueEntry, TextRequest, Worker
@@ -172,14 +173,24 @@ def _statement(shape: _Shape, columns: Sequence[Any]) -> Select[Any]:
     e = QueueEntry
     key = (e.effective_start, e.created_at, e.request_id)
     fits = _fits(e.is_chat, e.need_length, e.need_context, shape.chat) if shape.chat is not None else true()
-    branches = [
-        select(e.request_id, e.effective_start, e.created_at)
-        .where(e.model == bindparam(f"model_{i}"), fits, *_between(key, shape.after, shape.before))
-        .order_by(*key)
-        .limit(size)
-        .subquery()
-        for i in range(shape.models)
-    ]
+
+    def branch(i: int) -> Any:
+        model = bindparam(f"model_{i}")
+        query = select(e.request_id, e.effective_start, e.created_at).where(
+            e.model == model, fits, *_between(key, shape.after, shape.before)
+        )
+        if shape.chat is not None:
+            # A one-time probe through ix_queue_entries_need: no entry of the model asks for as
+            # little as the worker's longest length, so the range scan in queue order is skipped
+            # (it would read every entry of the model to find none fit).
+            probe = aliased(QueueEntry)
+            fitting = select(probe.request_id).where(
+                probe.model == model, probe.need_length <= bindparam("longest")
+            )
+            query = query.where(fitting.exists())
+        return query.order_by(*key).limit(size).subquery()
+
+    branches = [branch(i) for i in range(shape.models)]
     # SQLite takes ORDER BY/LIMIT only on a whole compound select: each branch is a subquery.
     merged = union_all(*(select(b.c.request_id, b.c.effective_start, b.c.created_at) for b in branches))
     m = merged.subquery("walk")
@@ -217,6 +228,7 @@ def _values(
     for i, model in enumerate(models or ()):
         values[f"model_{i}"] = model
     if limits is not None:
+        values["longest"] = max(limits.max_length, limits.chat_max_completion_tokens or 0)
         values["max_length"] = limits.max_length
         values["max_context_length"] = limits.max_context_length
         if limits.chat_max_completion_tokens is not None and limits.chat_max_context_tokens is not None:
