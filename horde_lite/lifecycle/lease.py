@@ -8,7 +8,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from sqlalchemy import delete, select
+from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
@@ -36,6 +36,18 @@ async def lapse(
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
 
 
+# The requests with a lapsed job (at most 500 a pass), built once: every submit, progress post and
+# status read asks it of its own job or request.
+_LAPSED = (
+    select(Generation.request_id)
+    .where(Generation.state == "processing", Generation.lease_expires_at < bindparam("now"))
+    .order_by(Generation.lease_expires_at)
+    .limit(500)
+)
+_LAPSED_OF_REQUEST = _LAPSED.where(Generation.request_id == bindparam("of"))
+_LAPSED_OF_GENERATION = _LAPSED.where(Generation.id == bindparam("of"))
+
+
 async def lapse_expired(
     session: AsyncSession,
     horde: Horde,
@@ -46,12 +58,13 @@ async def lapse_expired(
     """Abort every processing generation whose lease has lapsed (optionally of one request or one
     generation: reads that depend on a lapse honour it between two sweeps)."""
     lapsed = Generation.state == "processing", Generation.lease_expires_at < now
-    query = select(Generation.request_id).where(*lapsed).order_by(Generation.lease_expires_at).limit(500)
-    if request_id is not None:
-        query = query.where(Generation.request_id == request_id)
     if generation_id is not None:
-        query = query.where(Generation.id == generation_id)
-    request_ids = sorted(set((await session.execute(query)).scalars()))
+        query, values = _LAPSED_OF_GENERATION, {"now": now, "of": generation_id}
+    elif request_id is not None:
+        query, values = _LAPSED_OF_REQUEST, {"now": now, "of": request_id}
+    else:
+        query, values = _LAPSED, {"now": now}
+    request_ids = sorted(set((await session.execute(query, values)).scalars()))
     # The sweep skips a request another transaction holds (the next pass takes it); a read that
     # must honour the lapse waits for it.
     sweeping = request_id is None and generation_id is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, select
+from sqlalchemy import and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
@@ -81,27 +81,16 @@ async def cancel_and_read(horde: Horde, request_id: str) -> RequestStatus:
 
 async def status(session: AsyncSession, horde: Horde, request_id: str) -> RequestStatus:
     now = horde.clock.now()
-    request = await get_request(session, request_id)
     # Lapses are honoured by this read even between two sweeps.
-    if await lapse_expired(session, horde, now, request_id):
-        await session.refresh(request)
+    await lapse_expired(session, horde, now, request_id)
     # The request's counters and its jobs in ONE statement, so they come from one snapshot: under
     # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
     # halves (its generation without its lowered n_remaining, or the reverse).
-    rows = (
-        await session.execute(
-            select(TextRequest.state, TextRequest.n_remaining, Generation, Worker.name)
-            .select_from(TextRequest)
-            .outerjoin(Generation, and_(Generation.request_id == TextRequest.id, Generation.fake.is_(False)))
-            .outerjoin(Worker, Worker.id == Generation.worker_id)
-            .where(TextRequest.id == request_id)
-            .order_by(Generation.submitted_at)
-        )
-    ).all()
-    if not rows:  # removed since it was read (expired)
+    rows = (await session.execute(_STATUS, {"request_id": request_id})).all()
+    if not rows:
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
-    state, n_remaining = rows[0][0], rows[0][1]
-    jobs = [(g, name) for _, _, g, name in rows if g is not None]
+    state, n_remaining, restarts, kudos_spent = rows[0][:4]
+    jobs = [(g, name) for *_, g, name in rows if g is not None]
     finished = [(g, name) for g, name in jobs if g.state in FINISHED]
     processing = sum(1 for g, _ in jobs if g.state == "processing")
     waiting = n_remaining if state == "waiting" else 0
@@ -109,16 +98,34 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     return RequestStatus(
         finished=len(finished),
         processing=processing,
-        restarted=request.restarts,
+        restarted=restarts,
         waiting=waiting,
         done=processing == 0 and waiting == 0 and state in ("done", "cancelled"),
         faulted=state == "faulted",
         wait_time=est.wait_time if est else 0,
         queue_position=(1 + est.competing_requests) if est else 0,
-        kudos=round(request.kudos_spent, 2),
+        kudos=round(kudos_spent, 2),
         is_possible=processing > 0 or waiting == 0 or (est is not None and est.eligible_workers > 0),
         generations=[_finished(g, name) for g, name in finished],
     )
+
+
+# Built once (a statement built per call costs more to key for the cache than to run).
+_STATUS = (
+    select(
+        TextRequest.state,
+        TextRequest.n_remaining,
+        TextRequest.restarts,
+        TextRequest.kudos_spent,
+        Generation,
+        Worker.name,
+    )
+    .select_from(TextRequest)
+    .outerjoin(Generation, and_(Generation.request_id == TextRequest.id, Generation.fake.is_(False)))
+    .outerjoin(Worker, Worker.id == Generation.worker_id)
+    .where(TextRequest.id == bindparam("request_id"))
+    .order_by(Generation.submitted_at)
+)
 
 
 def _finished(g: Generation, worker_name: str) -> FinishedGeneration:
