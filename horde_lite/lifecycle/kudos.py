@@ -9,8 +9,10 @@ from __future__ import annotations
 import math
 import re
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
+from sqlalchemy.orm.util import identity_key
 
 from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, User
 from horde_lite.settings import KudosSettings
@@ -101,7 +103,7 @@ async def record(session: AsyncSession, user_id: int, amount: float, kind: str, 
     its weaker share lock: an insert first, then the update, is a lock upgrade that deadlocks
     against a creation holding `FOR UPDATE` on the same user (PostgreSQL). Moving several balances
     in one transaction goes through `record_all`, which takes the rows in ascending id order."""
-    await session.execute(update(User).where(User.id == user_id).values(kudos=User.kudos + amount))
+    await _move(session, [(user_id, amount)])
     session.add(KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now))
 
 
@@ -110,12 +112,31 @@ async def record_all(
 ) -> None:
     """Several (user id, amount, kind) moves in one transaction (a charge, a transfer): the users
     rows are updated in ascending id order, the ledger rows are inserted after all of them."""
-    for user_id, amount, _kind in sorted(entries, key=lambda e: e[0]):
-        await session.execute(update(User).where(User.id == user_id).values(kudos=User.kudos + amount))
+    ordered = sorted(entries, key=lambda e: e[0])
+    await _move(session, [(user_id, amount) for user_id, amount, _kind in ordered])
     session.add_all(
         KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
-        for user_id, amount, kind in sorted(entries, key=lambda e: e[0])
+        for user_id, amount, kind in ordered
     )
+
+
+_users = User.__table__
+_MOVE = (
+    update(_users)
+    .where(_users.c.id == bindparam("user_id"))
+    .values(kudos=_users.c.kudos + bindparam("amount"))
+)
+
+
+async def _move(session: AsyncSession, moves: list[tuple[int, float]]) -> None:
+    """Add each amount to its user's balance in SQL, in the order given, in one statement (one
+    round trip for a job's two moves); a user already loaded in the session sees its new balance,
+    as the ORM's own update would have shown it."""
+    await session.execute(_MOVE, [{"user_id": user_id, "amount": amount} for user_id, amount in moves])
+    for user_id, amount in moves:
+        user = session.identity_map.get(identity_key(User, user_id))
+        if user is not None and "kudos" in user.__dict__:
+            set_committed_value(user, "kudos", user.kudos + amount)
 
 
 async def place_hold(
