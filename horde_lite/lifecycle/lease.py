@@ -57,7 +57,6 @@ async def lapse_expired(
 ) -> int:
     """Abort every processing generation whose lease has lapsed (optionally of one request or one
     generation: reads that depend on a lapse honour it between two sweeps)."""
-    lapsed = Generation.state == "processing", Generation.lease_expires_at < now
     if generation_id is not None:
         query, values = _LAPSED_OF_GENERATION, {"now": now, "of": generation_id}
     elif request_id is not None:
@@ -82,7 +81,8 @@ async def lapse_expired(
             continue
         generations = (
             select(Generation)
-            .where(Generation.request_id == rid, *lapsed)
+            .where(Generation.request_id == rid, Generation.state == "processing")
+            .where(Generation.lease_expires_at < now)
             .with_for_update()
             .execution_options(populate_existing=True)
         )

@@ -100,12 +100,16 @@ def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 async def enter(session: AsyncSession, row: TextRequest) -> None:
     """Index a waiting request, with its final lengths (after any downgrade)."""
-    await session.execute(insert(QueueEntry), entry_rows({c: getattr(row, c) for c in _SOURCE}))
+    await session.execute(insert(QueueEntry.__table__), entry_rows({c: getattr(row, c) for c in _SOURCE}))
+
+
+# Core, built once: entries are never loaded as objects, so the ORM has nothing to synchronise.
+_LEAVE = delete(QueueEntry.__table__).where(QueueEntry.__table__.c.request_id == bindparam("request_id"))
 
 
 async def leave(session: AsyncSession, request_id: str) -> None:
     """The request stopped waiting: no walk needs to pass it any more."""
-    await session.execute(delete(QueueEntry).where(QueueEntry.request_id == request_id))
+    await session.execute(_LEAVE, {"request_id": request_id})
 
 
 def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:

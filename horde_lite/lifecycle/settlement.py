@@ -3,7 +3,7 @@ a request and release what is left of its hold. Shared by submit, the lease swee
 
 from __future__ import annotations
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import AssignmentRecord, Generation, TextRequest, Worker
@@ -11,17 +11,15 @@ from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.policies.protocols import Outcome
 
+_PROCESSING = select(func.count(Generation.id)).where(
+    Generation.request_id == bindparam("request_id"),
+    Generation.state == "processing",
+    Generation.fake.is_(False),
+)  # built once: every submit asks it
+
 
 async def processing_count(session: AsyncSession, request_id: str) -> int:
-    return (
-        await session.execute(
-            select(func.count(Generation.id)).where(
-                Generation.request_id == request_id,
-                Generation.state == "processing",
-                Generation.fake.is_(False),
-            )
-        )
-    ).scalar_one()
+    return (await session.execute(_PROCESSING, {"request_id": request_id})).scalar_one()
 
 
 async def maybe_finish(session: AsyncSession, request: TextRequest) -> None:
