@@ -71,7 +71,12 @@ class Pool:
     """One keep-alive client per server process, calls round robin."""
 
     def __init__(self, servers: list[Server], connections: int) -> None:
-        limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
+        # Idle connections are dropped before uvicorn's keep-alive timeout (5 s) closes them: with
+        # httpx's default expiry (also 5 s), a call could go out on a connection the server was
+        # closing that instant and fail with a ReadError.
+        limits = httpx.Limits(
+            max_connections=connections, max_keepalive_connections=connections, keepalive_expiry=2.0
+        )
         self.clients = [httpx.AsyncClient(base_url=s.base_url, limits=limits, timeout=CALL_TIMEOUT)
                         for s in servers]  # fmt: skip
         self.turn = 0

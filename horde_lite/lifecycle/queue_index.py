@@ -183,16 +183,18 @@ def _statement(shape: _Shape, columns: Sequence[Any]) -> Select[Any]:
         query = select(e.request_id, e.effective_start, e.created_at).where(
             e.model == model, fits, *_between(key, shape.after, shape.before)
         )
+        limit: Any = size
         if shape.chat is not None:
-            # A one-time probe through ix_queue_entries_need: no entry of the model asks for as
-            # little as the worker's longest length, so the range scan in queue order is skipped
-            # (it would read every entry of the model to find none fit).
+            # A one-time probe through ix_queue_entries_need: when no entry of the model asks for
+            # as little as the worker's longest length, the branch's LIMIT is 0 and neither
+            # database starts the range scan in queue order (which would read every entry of the
+            # model to find none fit). As a WHERE term, SQLite still ran the scan.
             probe = aliased(QueueEntry)
             fitting = select(probe.request_id).where(
                 probe.model == model, probe.need_length <= bindparam("longest")
             )
-            query = query.where(fitting.exists())
-        return query.order_by(*key).limit(size).subquery()
+            limit = case((fitting.exists(), size), else_=0)
+        return query.order_by(*key).limit(limit).subquery()
 
     branches = [branch(i) for i in range(shape.models)]
     # SQLite takes ORDER BY/LIMIT only on a whole compound select: each branch is a subquery.
