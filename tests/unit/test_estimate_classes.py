@@ -76,7 +76,9 @@ def queued(draw: st.DrawFn) -> tuple[Any, ...]:
 @pytest.mark.parametrize("gate", sorted(installed("speed_gate")))
 @settings(max_examples=150, deadline=None)
 @given(fleet=st.lists(workers(), min_size=1, max_size=8), rows=st.lists(queued(), min_size=1, max_size=40))
-def test_a_class_verdict_is_each_members_verdict(gate: str, fleet: list[WorkerFacts], rows: list[Any]) -> None:
+def test_a_class_verdict_is_each_members_verdict(
+    gate: str, fleet: list[WorkerFacts], rows: list[Any]
+) -> None:
     policies = load_policies(msgspec.convert({"speed_gate": gate}, PoliciesSettings))
     rules = Rules.from_settings(msgspec.convert({}, Settings), policies.speed_gate, NOW)
     judge = _Judge(rules, fleet)
