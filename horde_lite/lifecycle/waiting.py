@@ -384,14 +384,17 @@ class Waiter:
         if len(content) > len(self.streamed_text) and content.startswith(self.streamed_text):
             text = content[len(self.streamed_text) :]
             self.streamed_text = content
-        calls = g.progress_tool_calls[self.streamed_tool_calls :]
-        self.streamed_tool_calls = len(g.progress_tool_calls)
-        tool_calls = [
-            tool_call_delta(c, self.streamed_tool_calls - len(calls) + i) for i, c in enumerate(calls)
-        ]
+        tool_calls = self._unsent_tool_calls(g)
         if text is None and not tool_calls:
             return None
         return Delta(content=text, tool_calls=tool_calls or None)
+
+    def _unsent_tool_calls(self, g: _Gen) -> list[dict[str, Any]]:
+        """The tool-call fragments the worker posted since the last ones relayed, as deltas."""
+        calls = g.progress_tool_calls[self.streamed_tool_calls :]
+        start = self.streamed_tool_calls
+        self.streamed_tool_calls = len(g.progress_tool_calls)
+        return [tool_call_delta(c, start + i) for i, c in enumerate(calls)]
 
     def _final(self, snap: _Snapshot, g: _Gen) -> Final:
         result = g.chat_result or {}
@@ -412,6 +415,10 @@ class Waiter:
         remainder_tools = None
         if tool_calls and self.streamed_tool_calls == 0:
             remainder_tools = [{"index": i, **call} for i, call in enumerate(tool_calls)]
+        elif self.streamed_tool_calls:
+            # Fragments posted after the last ones relayed, when the result came in before the
+            # stream read them: without them the client's calls would stop half-way.
+            remainder_tools = self._unsent_tool_calls(g) or None
         remainder = None
         if remainder_text or remainder_tools:
             remainder = Delta(content=remainder_text, tool_calls=remainder_tools)

@@ -12,10 +12,15 @@ from collections.abc import AsyncIterator
 from datetime import datetime
 from typing import Any
 
+import msgspec
 import openai
 import pytest
 
+from horde_lite.api.openai.schemas import ChatCompletionInput, to_payload
 from horde_lite.clock import ManualClock
+from horde_lite.lifecycle import chat_front
+from horde_lite.lifecycle.context import Caller
+from horde_lite.lifecycle.waiting import Delta, Final, Waiter
 from horde_lite.settings import Settings
 from tests.support.chat import (
     MODEL,
@@ -240,3 +245,46 @@ async def test_a_lapse_after_output_ends_the_stream_with_an_error_event(chat: Ch
     assert error["type"] == "server_error"
     # The stream ended, so the request was cancelled rather than given to another worker.
     assert (await worker.pop())["id"] is None
+
+
+async def test_tool_call_fragments_posted_after_the_last_read_reach_the_stream(chat: Chat) -> None:
+    """The worker posts a second fragment and its result before the stream reads again: the
+    closing chunk carries that fragment, so the client's call is whole (it was cut half-way)."""
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "tooly")
+    await worker.pop()
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    body = msgspec.convert(
+        {"model": MODEL, "messages": HI, "tools": tools, "stream": True}, ChatCompletionInput
+    )
+    front = await chat_front.create(chat.horde, Caller(apikey=None), to_payload(body), MODEL, stream=True)
+    waiter = Waiter(chat.horde, front)
+    events = waiter.events(keepalive=False)
+    try:
+        job = await worker.pop_job()
+        function = {"name": "get_weather", "arguments": ""}
+        start = {"index": 0, "id": "call_9", "type": "function", "function": function}
+        assert (await worker.progress(job["id"], 1, tool_calls=[start])).status_code == 200
+        first = await anext(events)
+        assert isinstance(first, Delta)
+        assert first.tool_calls is not None
+        assert [c["index"] for c in first.tool_calls] == [0]
+        # The stream is not reading now: the rest of the call and the result both come in.
+        rest = {"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}
+        assert (await worker.progress(job["id"], 2, tool_calls=[rest])).status_code == 200
+        whole = {
+            "id": "call_9",
+            "type": "function",
+            "function": {**function, "arguments": '{"city": "Oslo"}'},
+        }
+        submitted = await worker.submit(job["id"], None, tool_calls=[whole], finish_reason="tool_calls")
+        assert submitted.status_code == 200
+        last = await anext(events)
+        assert isinstance(last, Final)
+        assert last.remainder is not None
+        assert last.remainder.tool_calls == [{"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}]
+        fragments = [*first.tool_calls, *last.remainder.tool_calls]
+        assert json.loads("".join(f["function"].get("arguments", "") for f in fragments)) == {"city": "Oslo"}
+    finally:
+        await events.aclose()
+        waiter.close()
