@@ -64,6 +64,11 @@ class Limits:
     chat_max_completion_tokens: int | None
     chat_max_context_tokens: int | None
 
+    @property
+    def chat(self) -> bool:
+        """The worker declared both chat limits (without them it takes no chat request)."""
+        return self.chat_max_completion_tokens is not None and self.chat_max_context_tokens is not None
+
     @classmethod
     def of(cls, worker: Worker) -> Limits:
         return cls(
@@ -234,10 +239,11 @@ def _values(
     for i, model in enumerate(models or ()):
         values[f"model_{i}"] = model
     if limits is not None:
-        values["longest"] = max(limits.max_length, limits.chat_max_completion_tokens or 0)
+        values["longest"] = limits.max_length
         values["max_length"] = limits.max_length
         values["max_context_length"] = limits.max_context_length
-        if limits.chat_max_completion_tokens is not None and limits.chat_max_context_tokens is not None:
+        if limits.chat:
+            values["longest"] = max(limits.max_length, limits.chat_max_completion_tokens or 0)
             values["chat_length"] = limits.chat_max_completion_tokens
             values["chat_context"] = limits.chat_max_context_tokens
     if after is not None:
@@ -269,9 +275,7 @@ async def walk(
     caller and named by `reads`; their own bound parameters in `values`) read in the same
     statement; a request gone since its entry was written has them all NULL."""
     walked = None if models is None or len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
-    chat = None
-    if limits is not None:
-        chat = limits.chat_max_completion_tokens is not None and limits.chat_max_context_tokens is not None
+    chat = None if limits is None else limits.chat
     conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
     lateral = bool(columns) and conn.dialect.name == "postgresql"
     after: Position | None = None
