@@ -5,9 +5,13 @@ a server; CI makes it mandatory)."""
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import shutil
+import signal
+import sys
 import tempfile
+import threading
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -201,3 +205,34 @@ async def client(app: Litestar) -> AsyncIterator[HordeClient]:
 @pytest.fixture
 def horde(client: HordeClient) -> Horde:
     return client.horde
+
+
+# A hung test fails after the `timeout` ini setting (pytest-timeout) with every asyncio task's stack
+# and every thread's: a hang in this suite is an await that never returns, which a thread dump
+# alone would show only as the event loop's `select`.
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_set_timer(item: pytest.Item, settings: object) -> bool | None:
+    seconds = getattr(settings, "timeout", 0)
+    if not seconds or threading.current_thread() is not threading.main_thread():
+        return None
+
+    def expired(signum: int, frame: object) -> None:
+        print(f"\n+++ {item.nodeid} still running after {seconds} s +++", file=sys.stderr)
+        loop = asyncio._get_running_loop()
+        for task in asyncio.all_tasks(loop) if loop is not None else ():
+            print(f"--- {task!r}", file=sys.stderr)
+            task.print_stack(file=sys.stderr)
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        pytest.fail(f"timed out after {seconds} s (stacks in the captured stderr)", pytrace=False)
+
+    signal.signal(signal.SIGALRM, expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    return True
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_timeout_cancel_timer(item: pytest.Item) -> bool | None:
+    if threading.current_thread() is threading.main_thread():
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+    return True
