@@ -261,6 +261,14 @@ async def test_tools_round_trip(chat: Chat) -> None:
     assert second.choices[0].finish_reason == "stop"
 
 
+async def _next_tool_calls(stream: Any) -> list[Any]:
+    """The tool-call fragments of the stream's next chunk that carries any."""
+    while True:
+        chunk = await settled(anext(stream))
+        if chunk.choices and chunk.choices[0].delta.tool_calls:
+            return list(chunk.choices[0].delta.tool_calls)
+
+
 async def test_streamed_tool_calls(chat: Chat) -> None:
     key = await chat.hc.user("owner")
     worker = chat.worker(key, "tooly")
@@ -270,7 +278,6 @@ async def test_streamed_tool_calls(chat: Chat) -> None:
     )
     job = await worker.pop_job()
     stream = await settled(creating)
-    reading = await in_background(gather_stream(stream))
     start = {
         "index": 0,
         "id": "call_9",
@@ -278,8 +285,17 @@ async def test_streamed_tool_calls(chat: Chat) -> None:
         "function": {"name": "get_weather", "arguments": ""},
     }
     rest = {"index": 0, "function": {"arguments": '{"city": "Oslo"}'}}
+    # Each fragment is read off the stream before the next is posted: relayed as posted.
     assert (await worker.progress(job["id"], 1, tool_calls=[start])).status_code == 200
+    [first] = await _next_tool_calls(stream)
+    assert (first.index, first.id, first.type) == (0, "call_9", "function")
+    assert first.function is not None
+    assert (first.function.name, first.function.arguments) == ("get_weather", "")
     assert (await worker.progress(job["id"], 2, tool_calls=[rest])).status_code == 200
+    [second] = await _next_tool_calls(stream)
+    assert second.index == 0
+    assert second.function is not None
+    assert json.loads(second.function.arguments or "") == {"city": "Oslo"}
     whole = {
         "id": "call_9",
         "type": "function",
@@ -288,16 +304,37 @@ async def test_streamed_tool_calls(chat: Chat) -> None:
     assert (
         await worker.submit(job["id"], None, tool_calls=[whole], finish_reason="tool_calls")
     ).status_code == 200
-    chunks, error = await settled(reading)
+    # The submit's whole call is not sent again: the client already has it, fragment by fragment.
+    chunks, error = await settled(gather_stream(stream))
+    assert error is None
+    assert [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])] == []
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+async def test_a_tool_call_submitted_before_the_stream_read_any_arrives_whole(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "tooly")
+    await worker.pop()
+    creating = await in_background(
+        chat.openai().chat.completions.create(model=MODEL, messages=HI, tools=TOOLS, stream=True)  # type: ignore[arg-type]
+    )
+    job = await worker.pop_job()
+    stream = await settled(creating)
+    whole = {
+        "id": "call_9",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'},
+    }
+    assert (
+        await worker.submit(job["id"], None, tool_calls=[whole], finish_reason="tool_calls")
+    ).status_code == 200
+    chunks, error = await settled(gather_stream(stream))
     assert error is None
     fragments = [t for c in chunks if c.choices for t in (c.choices[0].delta.tool_calls or [])]
-    assert [f.index for f in fragments] == [0, 0]
-    assert fragments[0].id == "call_9"
+    assert [(f.index, f.id) for f in fragments] == [(0, "call_9")]
     assert fragments[0].function is not None
     assert fragments[0].function.name == "get_weather"
-    assert json.loads("".join((f.function.arguments or "") for f in fragments if f.function)) == {
-        "city": "Oslo"
-    }
+    assert json.loads(fragments[0].function.arguments or "") == {"city": "Oslo"}
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
