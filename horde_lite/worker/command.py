@@ -156,8 +156,8 @@ def worker(
     serving = (
         f"simulated at {simulate:g} tokens/s" if simulate is not None else f"{backend_type} {backend_url}"
     )
-    logging.getLogger("horde_lite.worker").info(
-        "horde-lite worker %s: %s for the horde at %s; backend %s; models %s",
-        __version__, name, horde_url, serving, ", ".join(models) or "(from the backend)",
-    )  # fmt: skip
-    sys.exit(asyncio.run(Worker(config, backend).run()))
+    banner = (
+        f"horde-lite worker {__version__}: {name} for the horde at {horde_url}; backend {serving}; "
+        f"models {', '.join(models) or '(from the backend)'}"
+    )
+    sys.exit(asyncio.run(Worker(config, backend).run(banner)))

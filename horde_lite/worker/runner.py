@@ -59,12 +59,16 @@ class Worker:
             self._hurry.set()
         self.stopping.set()
 
-    async def run(self) -> int:
-        """Serve until stopped; 0 after a stop, 1 after a fatal refusal."""
+    async def run(self, banner: str = "") -> int:
+        """Serve until stopped; 0 after a stop, 1 after a fatal refusal. `banner` is logged once
+        the signals are handled, so a SIGINT sent after it always stops the worker (one started
+        with SIGINT ignored, as a shell's background job is, would otherwise miss it)."""
         loop = asyncio.get_running_loop()
         if self.config.handle_signals:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.add_signal_handler(sig, self.stop)
+        if banner:
+            log.info("%s", banner)
         try:
             if await self._start():
                 slots = [asyncio.create_task(self._slot(i)) for i in range(self.config.threads)]

@@ -215,11 +215,18 @@ def test_the_default_database_is_the_same_from_any_directory(tmp_path: Path) -> 
     assert "now has 50 kudos" in moved.stdout
 
 
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def test_a_worker_names_itself_first(tmp_path: Path) -> None:
+    # Started with SIGINT ignored, as a shell starts a background job: the first line comes once
+    # the worker handles the signal itself, so the SIGINT sent right after it stops the worker.
     process = subprocess.Popen(
         [str(HORDE_LITE), "worker", "--horde", f"http://127.0.0.1:{free_port()}", "--key", "k" * 22,
          "--name", "first-line", "--simulate", "20", "--model", "m"],
         cwd=tmp_path, env=clean_env(tmp_path), stderr=subprocess.PIPE, text=True,
+        preexec_fn=_ignore_sigint,
     )  # fmt: skip
     try:
         assert process.stderr is not None

@@ -372,6 +372,18 @@ async def gather_stream(stream: Any) -> tuple[list[Any], BaseException | None]:
     return chunks, None
 
 
+async def text_until(parts: AsyncIterator[str], marker: str) -> str:
+    """Read a streamed body (`response.aiter_text()`) until it holds `marker`, so a test knows the
+    front has relayed it before the worker goes on; read the rest from the same iterator."""
+    text = ""
+    async with asyncio.timeout(PATIENCE * 2):  # a hang guard: the marker must come
+        async for part in parts:
+            text += part
+            if marker in text:
+                return text
+    raise AssertionError(f"the stream ended without {marker!r}: {text!r}")
+
+
 async def collect(call: Awaitable[Any]) -> tuple[list[Any], BaseException | None]:
     """Open a stream (an openai `create(stream=True)` call) and gather it."""
     return await gather_stream(await call)
