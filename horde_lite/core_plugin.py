@@ -26,6 +26,7 @@ from horde_lite.api.metrics_route import metrics
 from horde_lite.clock import Clock
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
+from horde_lite.heap import freeze_startup_objects
 from horde_lite.lifecycle import lease, policy_state
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.notify import start_listener
@@ -85,6 +86,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
                  __version__, os.getpid(), masked(url), in_force)  # fmt: skip
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
         listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
+        freeze_startup_objects()  # no 130 ms full collections under load (horde_lite/heap.py)
         try:
             yield
         finally:
