@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import dataclasses
 import datetime as dt
+import gc
 import json
 import math
 import os
@@ -185,8 +186,13 @@ class OpTimes:
     outcome: dict[str, int]  # e.g. found / nothing / refused rc
 
 
-async def timed(calls: list[Callable[[], Awaitable[str]]], op: str) -> OpTimes:
-    for call in calls[:3]:  # warm-up: pool, statement caches, planner
+async def timed(
+    calls: list[Callable[[], Awaitable[str]]], op: str, warm: list[Callable[[], Awaitable[str]]]
+) -> OpTimes:
+    """Times `calls` after running `warm`, calls drawn the same way: a server that has run a while
+    has built and compiled the statement of every shape its calls take (the first use of each of a
+    few dozen shapes costs 20-40 ms once per process), and its pool and planner are warm."""
+    for call in warm:
         with suppress(HordeError):
             await call()
     times, outcome = [], {}
@@ -235,9 +241,12 @@ async def measure(horde: BenchHorde, rng: random.Random, fixture: Fixture, sampl
 
     out = []
     for kind in ("found", "none", "refused"):
-        out.append(await timed([pop(found[kind][i % PROBES]) for i in range(samples)], f"pop {kind}"))
-    out.append(await timed([create() for _ in range(samples)], "create"))
-    out.append(await timed([read(rng.choice(waiting)) for _ in range(samples)], "status"))
+        pops = [pop(found[kind][i % PROBES]) for i in range(samples)]
+        out.append(await timed(pops, f"pop {kind}", warm=pops))
+    warm = [create() for _ in range(samples)]
+    out.append(await timed([create() for _ in range(samples)], "create", warm))
+    warm = [read(rng.choice(waiting)) for _ in range(samples)]
+    out.append(await timed([read(rng.choice(waiting)) for _ in range(samples)], "status", warm))
     horde.rollback = False
     return out
 
@@ -329,6 +338,10 @@ async def run_size(kind: str, url: str, size: int, samples: int, seed: int, plan
         fixture = await build(horde, rng, size)
         await prepare(horde, fixture)
         build_s = time.perf_counter() - started
+        # A started server freezes what it holds (horde_lite/heap.py); here the fixture, the bench's
+        # own, is kept out of full collections too, at each size.
+        gc.collect()
+        gc.freeze()
         ops = await measure(horde, rng, fixture, samples)
         seq = await plans(horde, rng, fixture, plan_path) if plan_path else None
         return {"db": kind, "queued": size, "build_s": round(build_s, 1),
