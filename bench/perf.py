@@ -48,6 +48,7 @@ from bench.admission import (
     request_shape,
 )
 from bench.perf_cycles import CycleResult, run_cycles
+from bench.soak_servers import STACKS
 from horde_lite.db.models import QueueEntry, RequestModel, TextRequest
 from horde_lite.lifecycle import dispatch, queue_index, status
 from horde_lite.lifecycle.admission import request_text
@@ -371,13 +372,13 @@ def print_tables(result: dict[str, Any]) -> None:
     if result["cycles"]:
         print("\nFull cycles over HTTP (create, pop, submit)\n")
         print(
-            "| database | processes | workers | cycles/s | cycle p50 / p99 ms | create / pop / submit p50 ms "
-            "| server CPU ms/cycle | empty pops | errors |"
+            "| database | server | processes | workers | cycles/s | cycle p50 / p99 ms "
+            "| create / pop / submit p50 ms | server CPU ms/cycle | empty pops | errors |"
         )
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         for c in result["cycles"]:
             cpu = c["server_cpu_ms_per_cycle"]
-            print(f"| {c['db']} | {c['processes']} | {c['workers']} | {c['per_second']:.1f} | "
+            print(f"| {c['db']} | {c['stack']} | {c['processes']} | {c['workers']} | {c['per_second']:.1f} | "
                   f"{fmt(c['cycle_p50'])} / {fmt(c['cycle_p99'])} | "
                   f"{fmt(c['create_p50'])} / {fmt(c['pop_p50'])} / {fmt(c['submit_p50'])} | {fmt(cpu)} | "
                   f"{c['empty_pops']} | {c['errors']} |")  # fmt: skip
@@ -403,6 +404,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cycle-seconds", type=float, default=15.0)
     parser.add_argument("--cycle-workers", default="16,64")
     parser.add_argument("--no-cycles", action="store_true")
+    parser.add_argument("--stacks", default=STACKS[0],
+                        help=f"server stacks for the cycles, comma-separated: {', '.join(STACKS)}; "
+                             "stacks past the first run one process only")  # fmt: skip
     parser.add_argument("--quick", action="store_true", help="size 200, 10 samples, 3 s cycles of 16 workers")
     parser.add_argument("--pg-url", default=DEFAULT_PG, help="a server to create hl_bench on")
     parser.add_argument("--seed", type=int, default=20261130)
@@ -444,14 +448,16 @@ def main(argv: list[str] | None = None) -> int:
                     result["errors"].append(f"{kind} {size}: {traceback.format_exc(limit=-3)}")
                 print(f"{kind} {size:,} done ({time.monotonic() - began:.0f} s)", file=sys.stderr, flush=True)
     if not args.no_cycles:
-        configs = [(k, p) for k in kinds for p in ((1,) if k == "sqlite" else (1, 2))]
-        for kind, processes in configs:
+        stacks = args.stacks.split(",")
+        configs = [(k, p, stacks[0]) for k in kinds for p in ((1,) if k == "sqlite" else (1, 2))]
+        configs += [(k, 1, stack) for stack in stacks[1:] for k in kinds]
+        for kind, processes, stack in configs:
             cycles: list[CycleResult] = asyncio.run(
-                run_cycles(kind, args.pg_url, processes, workers, args.cycle_seconds)
+                run_cycles(kind, args.pg_url, processes, workers, args.cycle_seconds, stack)
             )
             result["cycles"] += [dataclasses.asdict(c) for c in cycles]
             print(
-                f"cycles {kind} x{processes} done ({time.monotonic() - began:.0f} s)",
+                f"cycles {kind} {stack} x{processes} done ({time.monotonic() - began:.0f} s)",
                 file=sys.stderr,
                 flush=True,
             )

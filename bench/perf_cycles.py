@@ -34,6 +34,7 @@ CALL_TIMEOUT = 30.0
 @dataclass
 class CycleResult:
     db: str
+    stack: str  # how the servers were started (bench/soak_servers.py STACKS)
     processes: int
     workers: int
     seconds: float
@@ -133,7 +134,7 @@ async def _slot(pool: Pool, slot: int, owner: str, requester: str, stop: float, 
 
 
 async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: int, seconds: float,
-                   db: str) -> CycleResult:  # fmt: skip
+                   db: str, stack: str) -> CycleResult:  # fmt: skip
     pool = Pool(servers, workers)
     try:
         for slot in range(workers):  # check every worker in first, so creations find an eligible one
@@ -154,7 +155,7 @@ async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: i
         return pct(ms[k], q) if ms[k] else float("nan")
 
     return CycleResult(
-        db=db, processes=len(servers), workers=workers, seconds=seconds, cycles=out["cycles"],
+        db=db, stack=stack, processes=len(servers), workers=workers, seconds=seconds, cycles=out["cycles"],
         empty_pops=out["empty"], errors=len(out["errors"]), per_second=out["cycles"] / seconds,
         create_p50=p("create", 0.5), pop_p50=p("pop", 0.5), submit_p50=p("submit", 0.5),
         cycle_p50=p("cycle", 0.5), cycle_p99=p("cycle", 0.99),
@@ -163,9 +164,10 @@ async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: i
     )  # fmt: skip
 
 
-async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[int], seconds: float
-                     ) -> list[CycleResult]:  # fmt: skip
-    """Fresh database, `processes` servers on it, then each worker count in turn."""
+async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[int], seconds: float,
+                     stack: str = "horde-lite") -> list[CycleResult]:  # fmt: skip
+    """Fresh database, `processes` servers on it (started as `stack` says), then each worker count
+    in turn."""
     most = max(worker_counts)
     with tempfile.TemporaryDirectory(prefix="hl-perf-") as tmp:
         work = Path(tmp)
@@ -183,10 +185,10 @@ async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[i
         finally:
             await engine.dispose()
         env = server_env(url, RATE_LIMITS_OFF)
-        servers = [Server(i, free_port(), work, env) for i in range(processes)]
+        servers = [Server(i, free_port(), work, env, stack=stack) for i in range(processes)]
         try:
             await asyncio.gather(*(s.start() for s in servers))
-            return [await _measure(servers, keys, n, seconds, db) for n in worker_counts]
+            return [await _measure(servers, keys, n, seconds, db, stack) for n in worker_counts]
         finally:
             for s in servers:
                 s.stop()

@@ -96,12 +96,38 @@ def server_env(db_url: str, overrides: dict[str, dict[str, object]]) -> dict[str
     return env
 
 
-def server_command(port: int) -> list[str]:
-    cli = Path(sys.executable).with_name("horde-lite")
-    if cli.exists():
-        return [str(cli), "run", "--host", LOOPBACK, "--port", str(port)]
-    return [sys.executable, "-m", "litestar", "--app", "horde_lite.app:create_app", "run",
-            "--host", LOOPBACK, "--port", str(port)]  # fmt: skip
+# How a server process is started: `horde-lite run` (Litestar's run: uvicorn, with uvloop and
+# httptools when installed, as litestar[standard] installs them), or the same app under a named
+# server stack, to compare them (bench/perf.py --stacks).
+STACKS = ("horde-lite", "uvicorn-uvloop-httptools", "uvicorn-asyncio-h11", "granian")
+_FACTORY = "horde_lite.app:create_app"
+
+
+def server_command(port: int, stack: str = "horde-lite") -> list[str]:
+    where = ["--host", LOOPBACK, "--port", str(port)]
+    if stack == "horde-lite":
+        cli = Path(sys.executable).with_name("horde-lite")
+        if cli.exists():
+            return [str(cli), "run", *where]
+        return [sys.executable, "-m", "litestar", "--app", _FACTORY, "run", *where]
+    if stack.startswith("uvicorn-"):
+        loop, http = stack.split("-")[1:]
+        return [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "--factory",
+            _FACTORY,
+            "--loop",
+            loop,
+            "--http",
+            http,
+            *where,
+        ]
+    if stack == "granian":  # not a dependency: `pip install granian` to compare it
+        return [sys.executable, "-m", "granian", "--interface", "asgi", "--factory", "--loop", "uvloop",
+                *where, _FACTORY]  # fmt: skip
+    raise ValueError(f"unknown server stack {stack!r}; one of {', '.join(STACKS)}")
 
 
 @dataclass
@@ -118,6 +144,7 @@ class Server:
     up: bool = False
     killed_at: float = float("-inf")  # monotonic time of the last SIGKILL
     logs: list[Path] = field(default_factory=list)
+    stack: str = "horde-lite"
 
     @property
     def base_url(self) -> str:
@@ -128,7 +155,7 @@ class Server:
         self.logs.append(log)
         with log.open("wb") as out:
             self.process = subprocess.Popen(  # noqa: ASYNC220 (starting it takes no time)
-                server_command(self.port), cwd=self.workdir, env=self.env, stdout=out,
+                server_command(self.port, self.stack), cwd=self.workdir, env=self.env, stdout=out,
                 stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
