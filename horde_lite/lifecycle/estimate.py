@@ -18,6 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
 from horde_lite.db.models import TextRequest, Worker
+from horde_lite.db.sqltypes import OneOf, TextListParam
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.eligibility import (
     NOW,
@@ -67,6 +68,8 @@ class Estimate:
 
 # Queued requests judged per round trip while walking the queue ahead of R.
 ESTIMATE_PAGE = 200
+# Undecided requests asked about in one query at most (the list is one bound parameter).
+_PENDING_MOST = 1000
 
 
 async def estimate(
@@ -109,23 +112,44 @@ async def estimate(
         reads="estimate",
         values={"now": rules.now},
     )
+    # Requests whose verdict waits for "is a capable worker for q online" (see `_Judge`): asked
+    # in one query only when their work could carry the count past the horizon, or at the end, so
+    # a long walk asks once or twice instead of once a page, and stops where it would have.
+    pending: list[tuple[str, bool, int, int]] = []  # (id, taken if one is online, work, jobs)
+    pending_work = 0
+
+    async def resolve() -> tuple[int, int, int]:
+        capable = built_once(rules, ("estimate capable",), _capable)
+        values = {"now": rules.now, "ids": [rid for rid, *_ in pending]}
+        capable_for = set((await conn.execute(capable, values)).scalars())
+        taken = [(amount, n) for rid, if_capable, amount, n in pending if if_capable == (rid in capable_for)]
+        pending.clear()
+        return sum(a for a, _ in taken), sum(n for _, n in taken), len(taken)
+
     async for rows in walk:
-        rows = [row for row in rows if row.offered]
-        verdicts = {row[0]: judge.verdict(row) for row in rows}
-        undecided = [rid for rid, verdict in verdicts.items() if isinstance(verdict, tuple)]
-        if undecided:  # "is a capable worker for q online", asked once for the page
-            capable = built_once(rules, ("estimate capable",), _capable)
-            capable_for = set((await conn.execute(capable, {"now": rules.now, "ids": undecided})).scalars())
-            for rid in undecided:
-                a, b = verdicts[rid]  # type: ignore[misc]
-                verdicts[rid] = a if rid in capable_for else b
         for row in rows:
-            if verdicts[row[0]]:
-                work += row.max_length * row.n_remaining
-                jobs += row.n_remaining
+            if not row[_OFFERED]:
+                continue
+            verdict = judge.verdict(row)
+            if verdict is False:
+                continue
+            n = row[_N_REMAINING]
+            amount = row[_MAX_LENGTH] * n
+            if verdict is True:
+                work += amount
+                jobs += n
                 requests += 1
+            else:  # undecided: taken when a capable worker is online (a) or when none is (b)
+                pending.append((row[0], verdict[0], amount, n))
+                pending_work += amount
+        if pending and (work + pending_work >= horizon or len(pending) >= _PENDING_MOST):
+            added, added_jobs, added_requests = await resolve()
+            work, jobs, requests, pending_work = work + added, jobs + added_jobs, requests + added_requests, 0
         if work >= horizon:
             break
+    if pending:
+        added, added_jobs, added_requests = await resolve()
+        work, jobs, requests = work + added, jobs + added_jobs, requests + added_requests
     return Estimate(len(eligible), threads, speed, work, jobs, requests, int(own or 0))
 
 
@@ -140,7 +164,8 @@ def _head(rules: Rules) -> Any:
 def _capable(rules: Rules) -> Any:
     """Which of the requests `ids` a capable worker online could take (the speed gate's input)."""
     q = TextRequest
-    return select(q.id).where(q.id.in_(bindparam("ids", expanding=True)), capable_worker_online(q, rules))
+    ids = bindparam("ids", type_=TextListParam)
+    return select(q.id).where(OneOf(q.id, ids), capable_worker_online(q, rules))
 
 
 def _workers(capable: bool) -> Callable[[Rules], Any]:
@@ -264,6 +289,7 @@ _FACTS = itemgetter(*_AT.values())
 _CLASS_FACTS = itemgetter(
     *(i for c, i in _AT.items() if c not in ("user_id", "max_context_length", "prompt_tokens"))
 )
+_OFFERED, _N_REMAINING = 3, 4
 _IS_CHAT, _MAX_LENGTH, _USER_ID = _AT["is_chat"], _AT["max_length"], _AT["user_id"]
 _MAX_CONTEXT_LENGTH, _PROMPT_TOKENS = _AT["max_context_length"], _AT["prompt_tokens"]
 
