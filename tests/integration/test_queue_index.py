@@ -151,3 +151,40 @@ async def test_the_estimate_stops_at_its_horizon(short_horizon: HordeClient) -> 
     assert (far.competing_requests, far.competing_work) == (5, 500)
     assert stopped.estimated_wait is not None
     assert stopped.estimated_wait >= rules.horizon_seconds
+
+
+async def test_undecided_requests_are_judged_when_they_could_reach_the_horizon(client: HordeClient) -> None:
+    """Chat requests ahead that R's only eligible worker (a slow one) may take only while no capable
+    worker for them is online are asked about once their work could reach the horizon, or at the
+    end: the walk stops after the page it stopped after when each page asked, with the same count."""
+    key = await client.user("owner")
+    rich = await client.user("rich", kudos=1_000_000)
+    chat_block = {"max_completion_tokens": 4096, "max_context_tokens": 8192, "features": []}
+    for name in ("slow", "fast"):  # fast: unmeasured, so capable of every request here
+        assert (await client.pop(key, name, models=["u-7B"], chat=chat_block)).json()["id"] is None
+    async with client.horde.sessionmaker() as session, session.begin():
+        # 0.5 tokens/s: capacity 60, below each request's 100; R's horizon: 0.5 x 300 s = 150 tokens.
+        await session.execute(text("UPDATE workers SET lease_speed = 0.5, capacity = 60 WHERE name = 'slow'"))
+    [(slow,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'slow'")
+    # "a": the fast worker can take it, so the slow one may not: not competing. "b": targets the
+    # slow worker, so no capable worker can take it and the slow one may: competing.
+    order = ["a", "b", "a", "a", "b", "b", "a"]
+    for kind in order:
+        chat = {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 100}
+        targeting = {"workers": [slow]} if kind == "b" else {}
+        response = await client.create(rich, models=["u-7B"], chat=chat, **targeting)
+        assert response.status_code == 202, response.text
+        client.clock.advance(1)
+    created = await client.create(ANON, models=["u-7B"], workers=[slow], params={"max_length": 100})
+    mine = created.json()["id"]
+    horde = client.horde
+    async with horde.sessionmaker() as session:
+        rules = horde.rules(horde.clock.now())
+        paged = await estimate(session, mine, rules, page=2)
+        whole = await estimate(session, mine, rules, page=10)
+        far = await estimate(session, mine, replace(rules, horizon_seconds=10**6), page=1)
+    assert (whole.eligible_workers, whole.eligible_speed) == (1, 0.5)
+    # Pages of 2: [a b] 100, [a a] 100, [b b] 300 >= 150: it stops there, having counted 3 requests.
+    assert (paged.competing_requests, paged.competing_work) == (3, 300)
+    assert (whole.competing_requests, whole.competing_work) == (3, 300)
+    assert (far.competing_requests, far.competing_work, far.competing_jobs) == (3, 300, 3)
