@@ -379,10 +379,11 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         # The key's own limits first: an expired, empty or capped key is refused whatever the
         # request would cost (its budget is checked against the cost below).
         check_shared_key(spec.requester.shared_key, now, spec.max_length, 0.0)
-    if not spec.requester.user.anonymous:
+    if not spec.requester.user.anonymous and not spec.requester.locked:
         # One registered requester's creations serialize: its waiting count and spendable kudos are
         # read, then acted on (two concurrent funded requests must not both spend the same kudos).
-        # Lock order (docs/explanation/locking.md): the users row, then the shared key row.
+        # Lock order (docs/explanation/locking.md): the users row, then the shared key row. The
+        # routes lock it as they authenticate (`decide`), in the same statement.
         await session.refresh(spec.requester.user, with_for_update=True)
     key_left: float | None = None  # what the shared key's budget has left (None: no key, no limit)
     if spec.requester.shared_key is not None:
@@ -685,7 +686,7 @@ async def decide(horde: Horde, caller: Caller, build: SpecBuilder) -> Decision:
     session: AsyncSession | None = None
     try:
         async with horde.transaction() as session:
-            requester = await authenticate(session, caller.apikey, horde.clock.now())
+            requester = await authenticate(session, caller.apikey, horde.clock.now(), lock=True)
             spec = await build(session, requester)
             decision = Decision(spec=spec, admission=await admit(session, horde, spec))
             if spec.dry_run:

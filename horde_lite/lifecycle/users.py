@@ -46,6 +46,7 @@ class Requester:
 
     user: User
     shared_key: SharedKey | None = None
+    locked: bool = False  # the user's row is locked FOR UPDATE in this transaction (`authenticate`)
 
     @property
     def kind(self) -> str:
@@ -58,6 +59,7 @@ class Requester:
 # reusing it skips building the query and its key at each call (the values are bound parameters).
 _ANONYMOUS = select(User).where(User.anonymous.is_(True))
 _USER_BY_KEY = select(User).where(User.api_key_hash == bindparam("digest"))
+_USER_BY_KEY_LOCKED = _USER_BY_KEY.with_for_update().execution_options(populate_existing=True)
 _SHARED_BY_KEY = select(SharedKey).where(SharedKey.key_hash == bindparam("digest"))
 
 
@@ -123,19 +125,25 @@ async def find_by_name(session: AsyncSession, username: str) -> User:
     return user
 
 
-async def authenticate(session: AsyncSession, apikey: str | None, now: float) -> Requester:
-    """Resolve an `apikey` header: a user's key, a shared key, or the anonymous key (the default)."""
+async def authenticate(
+    session: AsyncSession, apikey: str | None, now: float, *, lock: bool = False
+) -> Requester:
+    """Resolve an `apikey` header: a user's key, a shared key, or the anonymous key (the default).
+    `lock`: a registered user's row (a shared key's owner) is read FOR UPDATE, in the statement
+    that finds it (admission serializes one requester's creations on that row); the anonymous
+    user's never is: everyone without a key shares it."""
     if not apikey or apikey == ANONYMOUS_KEY:
         return Requester(await ensure_anonymous(session, now))
     digest = hash_key(apikey)
-    user = (await session.execute(_USER_BY_KEY, {"digest": digest})).scalar_one_or_none()
+    found = _USER_BY_KEY_LOCKED if lock else _USER_BY_KEY
+    user = (await session.execute(found, {"digest": digest})).scalar_one_or_none()
     if user is not None:
-        return Requester(user)
+        return Requester(user, locked=lock)
     shared = (await session.execute(_SHARED_BY_KEY, {"digest": digest})).scalar_one_or_none()
     if shared is not None:
-        owner = await session.get(User, shared.user_id)
+        owner = await session.get(User, shared.user_id, with_for_update=lock, populate_existing=lock)
         assert owner is not None
-        return Requester(owner, shared)
+        return Requester(owner, shared, locked=lock)
     raise HordeError("InvalidAPIKey", "No user matched the provided API key.")
 
 
