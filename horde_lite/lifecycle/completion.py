@@ -53,19 +53,19 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
     return capped
 
 
-def _job_reads(lock: bool) -> tuple[Select[Any], Select[Any], Select[Any]]:
-    """A job's request (found through its generation), its generation and its worker, each read
-    fresh from the database (`populate_existing`) and, with `lock`, locked FOR UPDATE (on the
-    request's statement, that locks the outer query's row only, not the subquery's). Built once,
-    with bound parameters: a reused statement keeps its SQLAlchemy cache key."""
+def _job_reads(lock: bool) -> tuple[Select[Any], Select[Any]]:
+    """A job's request (found through its generation), then its generation with its worker, each
+    read fresh from the database (`populate_existing`) and, with `lock`, locked FOR UPDATE (on the
+    request's statement, that locks the outer query's row only, not the subquery's; on the second,
+    both rows). Built once, with bound parameters: a reused statement keeps its SQLAlchemy cache key."""
     owning = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
     request = select(TextRequest).where(TextRequest.id == owning)
-    generation = select(Generation).where(Generation.id == bindparam("id"))
-    worker = select(Worker).where(Worker.id == bindparam("id"))
-    reads = [q.execution_options(populate_existing=True) for q in (request, generation, worker)]
+    job = select(Generation, Worker).join(Worker, Worker.id == Generation.worker_id)
+    job = job.where(Generation.id == bindparam("id"))
+    reads = [q.execution_options(populate_existing=True) for q in (request, job)]
     if lock:
         reads = [q.with_for_update() for q in reads]
-    return reads[0], reads[1], reads[2]
+    return reads[0], reads[1]
 
 
 _LOCKED, _UNLOCKED = _job_reads(True), _job_reads(False)
@@ -75,19 +75,19 @@ async def load_generation_for_worker(
     session: AsyncSession, user: User, generation_id: str, *, lock: bool = True
 ) -> tuple[Generation, Worker, TextRequest]:
     missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
-    # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation,
-    # then the worker. Concurrent submits, faults and lapses of one request then serialize, never
-    # lose an update of its counts (PostgreSQL; SQLite has one writer) and never deadlock. The
-    # request is found through its generation in the same statement (one round trip).
-    request_query, generation_query, worker_query = _LOCKED if lock else _UNLOCKED
+    # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation
+    # and the worker (docs/explanation/locking.md). Concurrent submits, faults and lapses of one
+    # request then serialize, never lose an update of its counts (PostgreSQL; SQLite has one
+    # writer) and never deadlock. The request is found through its generation in the same
+    # statement, and the generation comes with its worker: two round trips.
+    request_query, job_query = _LOCKED if lock else _UNLOCKED
     request = (await session.execute(request_query, {"id": generation_id})).scalar_one_or_none()
     if request is None:
         raise missing
-    generation = (await session.execute(generation_query, {"id": generation_id})).scalar_one_or_none()
-    if generation is None:
+    job = (await session.execute(job_query, {"id": generation_id})).one_or_none()
+    if job is None:
         raise missing
-    worker = (await session.execute(worker_query, {"id": generation.worker_id})).scalar_one_or_none()
-    assert worker is not None
+    generation, worker = job
     if worker.owner_id != user.id:
         raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
     return generation, worker, request
