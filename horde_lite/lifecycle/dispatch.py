@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import Select, and_, bindparam, case, func, not_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -16,6 +16,7 @@ from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, 
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import (
+    NOW,
     Rules,
     built_once,
     capable_worker_online,
@@ -287,26 +288,40 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
 
 
 async def skipped_reasons(session: AsyncSession, horde: Horde, worker: Worker) -> dict[str, int]:
-    """Why nothing was offered, counted over waiting requests (upstream's `skipped`), cheaply."""
-    now = horde.clock.now()
+    """Why nothing was offered, counted over the head of the queue (upstream's `skipped`), cheaply:
+    one row of counts, not the rows themselves."""
+    values = {
+        "now": horde.clock.now(),
+        "max_length": worker.max_length,
+        "max_context_length": worker.max_context_length,
+    }
+    conn = await session.connection()  # a Core statement: the ORM has nothing to load
+    too_long, too_wide = (await conn.execute(_SKIPPED, values)).one()
+    counts = {"max_length": int(too_long or 0), "max_context_length": int(too_wide or 0)}
+    return {key: n for key, n in counts.items() if n}
+
+
+def _skipped() -> Select[Any]:
+    """Of the first 200 offered requests in queue order (through the queue's index), the legacy
+    ones longer than the worker accepts, and of the rest those wider than its context. Chat
+    requests are not counted: upstream's `skipped` has no key for them (its fields are Kobold's)."""
     r = TextRequest
-    rows = (
-        await session.execute(
-            select(r.max_length, r.max_context_length, r.is_chat)
-            .where(*request_offered(r, now))
-            .order_by(r.effective_start, r.created_at, r.id)  # the head of the queue, through its index
-            .limit(200)
-        )
-    ).all()
-    skipped: dict[str, int] = {}
-    for max_length, max_context_length, is_chat in rows:
-        if is_chat:
-            continue  # upstream's `skipped` has no key for chat; its fields are all Kobold's
-        if max_length > worker.max_length:
-            key = "max_length"
-        elif max_context_length > worker.max_context_length:
-            key = "max_context_length"
-        else:
-            continue
-        skipped[key] = skipped.get(key, 0) + 1
-    return skipped
+    head = (
+        select(r.max_length, r.max_context_length, r.is_chat)
+        .where(*request_offered(r, NOW))  # type: ignore[arg-type]
+        .order_by(r.effective_start, r.created_at, r.id)
+        .limit(200)
+        .subquery("head")
+    )
+    longer = head.c.max_length > bindparam("max_length")
+    wider = and_(
+        head.c.max_length <= bindparam("max_length"),
+        head.c.max_context_length > bindparam("max_context_length"),
+    )
+    legacy = not_(head.c.is_chat)
+    return select(
+        func.sum(case((and_(legacy, longer), 1), else_=0)), func.sum(case((and_(legacy, wider), 1), else_=0))
+    )
+
+
+_SKIPPED = _skipped()  # built once (see `built_once` in eligibility.py for why)

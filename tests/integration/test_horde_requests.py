@@ -244,6 +244,20 @@ async def test_worker_limits_are_honoured(client: HordeClient) -> None:
     assert (await client.pop(key, "big", max_length=512, max_context_length=4096)).json()["id"] is not None
 
 
+async def test_skipped_counts_each_legacy_request_once_and_no_chat_request(client: HordeClient) -> None:
+    """`skipped` counts the head of the queue: a request too long and too wide counts as too long
+    only, a chat request counts under neither (upstream's keys are Kobold's)."""
+    key = await client.user("owner")
+    rich = await client.user("rich", kudos=1_000_000)
+    await client.create(ANON, params={"max_length": 300, "max_context_length": 4096})  # both
+    await client.create(ANON, params={"max_length": 100, "max_context_length": 4096})  # wider only
+    chat = {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 300}
+    assert (await client.create(rich, chat=chat)).status_code == 202
+    popped = (await client.pop(key, "small", max_length=256, max_context_length=2048)).json()
+    assert popped["id"] is None
+    assert popped["skipped"] == {"max_length": 1, "max_context_length": 1}
+
+
 async def test_workers_allow_list(client: HordeClient) -> None:
     key = await client.user("owner")
     for name in ("w1", "w2", "w3"):
