@@ -15,7 +15,7 @@ from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.visitors import InternalTraversal
-from sqlalchemy.types import Boolean
+from sqlalchemy.types import Boolean, NullType
 
 # A flat JSON list of scalars (strings). Keep it flat: the constructs below assume it.
 JsonList = JSON().with_variant(JSONB(), "postgresql")
@@ -66,14 +66,17 @@ class TextArrayHas(ColumnElement[bool]):
 
 class OneOf(ColumnElement[bool]):
     """True when `value` is one of the strings of `candidates`, a `TextListParam` bound parameter:
-    `= ANY(...)` on PostgreSQL, `IN (SELECT value FROM json_each(...))` on SQLite."""
+    `= ANY(...)` on PostgreSQL, `IN (SELECT value FROM json_each(...))` on SQLite, where a primary
+    key `value` is then looked up by its index."""
 
     inherit_cache = True
     _traverse_internals = [
         ("value", InternalTraversal.dp_clauseelement),
         ("candidates", InternalTraversal.dp_clauseelement),
     ]
-    type = Boolean()
+    # Not Boolean: SQLAlchemy writes a Boolean term of a WHERE clause as `(...) = 1` on SQLite,
+    # which hides the IN from the planner (it then scans the whole table to test each row).
+    type = NullType()
 
     def __init__(self, value: ColumnElement[Any], candidates: ColumnElement[Any]) -> None:
         self.value = value
