@@ -113,7 +113,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
             worker.faulted_jobs += 1
             await give_back(session, horde, request, aborted=False, worker_id=worker.id)
             await shadow_outcome(session, horde, generation, worker, request, "faulted")
-            horde.notifier.on_commit(session, request.id)
+            horde.notifier.on_commit(session, request.id, remote=request.waited)
         return 0.0
     text = body.generation
     reported = None
@@ -156,8 +156,11 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
     record_speed_sample(worker, tokens, sample_seconds(tokens, now - generation.popped_at), horde.settings)
     await shadow_outcome(session, horde, generation, worker, request, "completed")
     await session.flush()
-    await maybe_finish(session, request)
-    horde.notifier.on_commit(session, request.id)
+    if not await maybe_finish(session, request):
+        # A request that ended released its hold whole: taking the charge from it first would
+        # read and write the row only for the release to overwrite it.
+        await kudos.consume_hold(session, request.id, charge)
+    horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",
         generation.id, request.id, worker.id, tokens, reward,

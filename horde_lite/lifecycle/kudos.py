@@ -192,11 +192,13 @@ async def charge_job(
     reward: float,
     now: float,
 ) -> float:
-    """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. Returns the charge."""
+    """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. Returns the charge,
+    which the caller then takes from the request's hold (`consume_hold`) unless the request ended
+    and released it."""
     charge = round(reward + 1, 2)
     # The lock order of docs/explanation/locking.md: users rows in ascending id (two submits paying
-    # each other's users in opposite directions cannot deadlock), then the shared key, then the
-    # hold; the ledger rows are inserted at the flush, after every lock is held.
+    # each other's users in opposite directions cannot deadlock), then the shared key; the hold
+    # comes after (the caller); the ledger rows are inserted at the flush.
     await record_all(
         session, [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")], generation_id, now
     )
@@ -206,5 +208,4 @@ async def charge_job(
             .where(SharedKey.key_hash == shared_key_hash)
             .values(utilized=SharedKey.utilized + charge)
         )
-    await consume_hold(session, request_id, charge)
     return charge

@@ -22,16 +22,18 @@ async def processing_count(session: AsyncSession, request_id: str) -> int:
     return (await session.execute(_PROCESSING, {"request_id": request_id})).scalar_one()
 
 
-async def maybe_finish(session: AsyncSession, request: TextRequest) -> None:
-    """A request with nothing left to hand out and nothing running is over: release its hold."""
+async def maybe_finish(session: AsyncSession, request: TextRequest) -> bool:
+    """A request with nothing left to hand out and nothing running is over: release its hold.
+    True when it did."""
     if request.state == "waiting" and request.n_remaining > 0:
-        return
+        return False
     if await processing_count(session, request.id) > 0:
-        return
+        return False
     if request.state == "waiting":
         request.state = "done"
         await queue_index.leave(session, request.id)
     await kudos.release_hold(session, request.id)
+    return True
 
 
 async def give_back(
