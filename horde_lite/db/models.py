@@ -163,6 +163,9 @@ class TextRequest(Base):
     state: Mapped[str] = mapped_column(String(16), default="waiting")
     is_chat: Mapped[bool] = mapped_column(Boolean, default=False)
     stream: Mapped[bool] = mapped_column(Boolean, default=False)
+    # A client of the /v1 fronts waits on it in some server process: its changes are announced to
+    # the other processes too (NOTIFY on PostgreSQL). Nobody waits on a native-route request.
+    waited: Mapped[bool] = mapped_column(Boolean, default=False, server_default=true())
     prompt: Mapped[str] = mapped_column(Text, default="")
     params: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
     # Chat payload handed to the worker (messages, tools, response_format, sampling).

@@ -337,6 +337,7 @@ async def _insert(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now:
         state="waiting",
         is_chat=spec.is_chat,
         stream=spec.stream,
+        waited=not spec.native_route,  # the /v1 fronts answer while their client waits
         prompt=spec.prompt,
         params=spec.params,
         chat=spec.chat,

@@ -240,7 +240,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
             )
         await _record_assignments(session, horde, policies, worker, request, assignments, over, now)
-        horde.notifier.on_commit(session, request.id)
+        horde.notifier.on_commit(session, request.id, remote=request.waited)
     return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
 
 

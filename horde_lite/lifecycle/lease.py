@@ -32,7 +32,7 @@ async def lapse(
     worker.aborted_jobs += 1
     await give_back(session, horde, request, aborted=True, worker_id=worker.id)
     await shadow_outcome(session, horde, generation, worker, request, "aborted")
-    horde.notifier.on_commit(session, request.id)
+    horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
 
 

@@ -53,16 +53,19 @@ class Notifier:
             if not waiters:
                 del self._events[key]
 
-    def on_commit(self, session: AsyncSession, key: str) -> None:
-        """Wake `key`'s waiters, here and in every process, when this session's transaction commits."""
+    def on_commit(self, session: AsyncSession, key: str, *, remote: bool = True) -> None:
+        """Wake `key`'s waiters, here and (`remote`) in every process, when this session's
+        transaction commits. `remote=False` for a request nobody waits on (`TextRequest.waited`):
+        its NOTIFY would be a round trip on every pop and submit that wakes no one."""
         # The session hooks are registered once, on the Session class (below): a listener added
         # per transaction cost more than the rest of the wake-up (registering, then its clean-up).
-        pending: dict[Notifier, set[str]] = session.info.setdefault(_PENDING, {})
-        pending.setdefault(self, set()).add(key)
+        pending: dict[Notifier, dict[str, bool]] = session.info.setdefault(_PENDING, {})
+        keys = pending.setdefault(self, {})
+        keys[key] = keys.get(key, False) or remote
 
-    def _publish(self, session: Session, keys: set[str]) -> None:
+    def _publish(self, session: Session, keys: dict[str, bool]) -> None:
         # Inside the committing transaction: delivered to the listeners only if it commits.
-        for key in sorted(keys):
+        for key in sorted(k for k, remote in keys.items() if remote):
             session.execute(_NOTIFY, {"channel": CHANNEL, "payload": f"{self.token}:{key}"})
 
     def notify(self, key: str) -> None:
@@ -85,7 +88,7 @@ class Notifier:
 
 @event.listens_for(Session, "before_commit")
 def _publish_pending(session: Session) -> None:
-    pending: dict[Notifier, set[str]] | None = session.info.get(_PENDING)
+    pending: dict[Notifier, dict[str, bool]] | None = session.info.get(_PENDING)
     if pending and session.get_bind().dialect.name == "postgresql":
         for notifier, keys in pending.items():
             notifier._publish(session, keys)
@@ -93,7 +96,7 @@ def _publish_pending(session: Session) -> None:
 
 @event.listens_for(Session, "after_commit")
 def _wake_pending(session: Session) -> None:
-    pending: dict[Notifier, set[str]] | None = session.info.pop(_PENDING, None)
+    pending: dict[Notifier, dict[str, bool]] | None = session.info.pop(_PENDING, None)
     for notifier, keys in (pending or {}).items():
         for key in keys:
             notifier.notify(key)

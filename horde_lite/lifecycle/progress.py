@@ -76,7 +76,7 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
     )
     await session.flush()
     if not generation.fake:  # wake the waiting front (in every process) once this commits
-        horde.notifier.on_commit(session, request.id)
+        horde.notifier.on_commit(session, request.id, remote=request.waited)
     return ProgressAnswer(request.id, generation.lease_expires_at, cancel, True, generation.fake)
 
 

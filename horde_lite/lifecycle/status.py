@@ -156,4 +156,4 @@ async def cancel(session: AsyncSession, horde: Horde, request_id: str) -> None:
         )
     await maybe_finish(session, request)
     await session.flush()
-    horde.notifier.on_commit(session, request_id)
+    horde.notifier.on_commit(session, request_id, remote=request.waited)

@@ -12,6 +12,7 @@ from typing import Any
 
 import openai
 import pytest
+from sqlalchemy import event
 
 from horde_lite.clock import ManualClock
 from horde_lite.settings import Settings
@@ -329,3 +330,36 @@ async def test_two_apps_wake_each_other_through_listen_notify(
             await serve_text(worker, "from the other process")
             answer = await settled(asking)
             assert answer.choices[0].text == "from the other process"
+
+
+async def test_only_requests_a_v1_client_waits_on_are_announced_across_processes(
+    db_url: str, clock: ManualClock
+) -> None:
+    """A native-route request (its client polls the status route) is popped and submitted without a
+    NOTIFY, which would wake no one; a /v1 request's pop and submit send one each."""
+    if not is_postgres(db_url):
+        pytest.skip("NOTIFY is PostgreSQL's; SQLite sends none")
+    async with open_chat(make_settings(db_url, chat=WAKE_SETTINGS), clock) as app:
+        key = await app.hc.user("owner")
+        worker = legacy_worker(app, key)
+        await worker.pop()
+        notified: list[str] = []
+
+        def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            if "pg_notify" in statement:
+                notified.append(statement)
+
+        engine = app.horde.engine.sync_engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            created = await app.hc.create(models=[MODEL], params={"max_length": 16})
+            assert created.status_code == 202, created.text
+            await serve_text(worker, "for the status route")
+            assert notified == []
+            asking = await in_background(app.openai().completions.create(model=MODEL, prompt=PROMPT))
+            await app.until_request()
+            await serve_text(worker, "for the waiting client")
+            assert (await settled(asking)).choices[0].text == "for the waiting client"
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+        assert len(notified) == 2  # its pop and its submit
