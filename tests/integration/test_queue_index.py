@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 from litestar.testing import AsyncTestClient
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.lifecycle import dispatch
+from horde_lite.lifecycle import estimate as estimate_module
+from horde_lite.lifecycle.eligibility import built_once
 from horde_lite.lifecycle.estimate import estimate
-from tests.conftest import make_settings
+from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
 
 
@@ -188,3 +190,22 @@ async def test_undecided_requests_are_judged_when_they_could_reach_the_horizon(c
     assert (paged.competing_requests, paged.competing_work) == (3, 300)
     assert (whole.competing_requests, whole.competing_work) == (3, 300)
     assert (far.competing_requests, far.competing_work, far.competing_jobs) == (3, 300, 3)
+
+
+async def test_the_capable_question_finds_its_requests_by_key(client: HordeClient, db_url: str) -> None:
+    """The estimate's "which of these requests could a capable worker take" reads each request by
+    its primary key, however long the queue: SQLite's plan searches text_requests, never scans it
+    (PostgreSQL's plans are read by bench/perf.py on a queue of 100,000)."""
+    if is_postgres(db_url):
+        pytest.skip("SQLite's query plan")
+    horde = client.horde
+    statement = built_once(horde.rules(horde.clock.now()), ("estimate capable",), estimate_module._capable)
+
+    def explain(conn: Any, cursor: Any, sql: str, parameters: Any, context: Any, many: bool) -> Any:
+        return f"EXPLAIN QUERY PLAN {sql}", parameters
+
+    async with horde.engine.connect() as conn:
+        event.listen(conn.sync_connection, "before_cursor_execute", explain, retval=True)
+        plan = [row[-1] for row in (await conn.execute(statement, {"now": horde.clock.now(), "ids": ["x"]}))]
+    assert any(step.startswith("SEARCH text_requests") for step in plan), plan
+    assert not any(step.startswith("SCAN text_requests") for step in plan), plan
