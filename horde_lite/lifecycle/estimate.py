@@ -118,13 +118,16 @@ async def estimate(
     pending: list[tuple[str, bool, int, int]] = []  # (id, taken if one is online, work, jobs)
     pending_work = 0
 
-    async def resolve() -> tuple[int, int, int]:
+    async def resolve(work: int, jobs: int, requests: int) -> tuple[int, int, int]:
+        """The totals with the pending requests that the answer takes added; none left pending."""
         capable = built_once(rules, ("estimate capable",), _capable)
         values = {"now": rules.now, "ids": [rid for rid, *_ in pending]}
         capable_for = set((await conn.execute(capable, values)).scalars())
-        taken = [(amount, n) for rid, if_capable, amount, n in pending if if_capable == (rid in capable_for)]
+        for rid, if_capable, amount, n in pending:
+            if if_capable == (rid in capable_for):
+                work, jobs, requests = work + amount, jobs + n, requests + 1
         pending.clear()
-        return sum(a for a, _ in taken), sum(n for _, n in taken), len(taken)
+        return work, jobs, requests
 
     async for rows in walk:
         for row in rows:
@@ -143,13 +146,12 @@ async def estimate(
                 pending.append((row[0], verdict[0], amount, n))
                 pending_work += amount
         if pending and (work + pending_work >= horizon or len(pending) >= _PENDING_MOST):
-            added, added_jobs, added_requests = await resolve()
-            work, jobs, requests, pending_work = work + added, jobs + added_jobs, requests + added_requests, 0
+            work, jobs, requests = await resolve(work, jobs, requests)
+            pending_work = 0
         if work >= horizon:
             break
     if pending:
-        added, added_jobs, added_requests = await resolve()
-        work, jobs, requests = work + added, jobs + added_jobs, requests + added_requests
+        work, jobs, requests = await resolve(work, jobs, requests)
     return Estimate(len(eligible), threads, speed, work, jobs, requests, int(own or 0))
 
 
