@@ -16,7 +16,7 @@ from horde_lite.clock import ManualClock
 from horde_lite.lifecycle import dispatch
 from horde_lite.lifecycle import estimate as estimate_module
 from horde_lite.lifecycle.eligibility import built_once
-from horde_lite.lifecycle.estimate import estimate
+from horde_lite.lifecycle.estimate import Estimate, estimate
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
 
@@ -121,6 +121,20 @@ async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> No
     assert (await client.pop(key, "small", models=["l-7B"], max_length=128)).json()["id"] is None
 
 
+async def _walks(client: HordeClient, request_id: str, *, stopped_page: int, far_page: int) -> list[Estimate]:
+    """The estimate of `request_id` walked in pages of `stopped_page` (it may stop at the horizon),
+    in pages of 10 (the queues here fit in one), and in pages of `far_page` with a horizon past
+    the queue."""
+    horde = client.horde
+    async with horde.sessionmaker() as session:
+        rules = horde.rules(horde.clock.now())
+        return [
+            await estimate(session, request_id, rules, page=stopped_page),
+            await estimate(session, request_id, rules, page=10),
+            await estimate(session, request_id, replace(rules, horizon_seconds=10**6), page=far_page),
+        ]
+
+
 @pytest.fixture
 async def short_horizon(db_url: str) -> Any:
     """A horde whose estimate stops after 2 s of work (the allowance curve ends at 2 s)."""
@@ -140,19 +154,14 @@ async def test_the_estimate_stops_at_its_horizon(short_horizon: HordeClient) -> 
         await client.create(rich, models=["h-7B"], params={"max_length": 100})
     client.clock.advance(1)
     mine = (await client.create(ANON, models=["h-7B"], params={"max_length": 100})).json()["id"]
-    horde = client.horde
-    async with horde.sessionmaker() as session:
-        rules = horde.rules(horde.clock.now())
-        stopped = await estimate(session, mine, rules, page=2)
-        whole = await estimate(session, mine, rules, page=10)
-        far = await estimate(session, mine, replace(rules, horizon_seconds=10**6), page=2)
+    stopped, whole, far = await _walks(client, mine, stopped_page=2, far_page=2)
     # The walk stops after the first page that reaches the horizon; a walk of one page, or a
     # horizon past the queue, counts every request ahead.
     assert (stopped.competing_requests, stopped.competing_work) == (2, 200)
     assert (whole.competing_requests, whole.competing_work) == (5, 500)
     assert (far.competing_requests, far.competing_work) == (5, 500)
     assert stopped.estimated_wait is not None
-    assert stopped.estimated_wait >= rules.horizon_seconds
+    assert stopped.estimated_wait >= client.horde.rules(client.horde.clock.now()).horizon_seconds
 
 
 async def test_undecided_requests_are_judged_when_they_could_reach_the_horizon(client: HordeClient) -> None:
@@ -179,12 +188,7 @@ async def test_undecided_requests_are_judged_when_they_could_reach_the_horizon(c
         client.clock.advance(1)
     created = await client.create(ANON, models=["u-7B"], workers=[slow], params={"max_length": 100})
     mine = created.json()["id"]
-    horde = client.horde
-    async with horde.sessionmaker() as session:
-        rules = horde.rules(horde.clock.now())
-        paged = await estimate(session, mine, rules, page=2)
-        whole = await estimate(session, mine, rules, page=10)
-        far = await estimate(session, mine, replace(rules, horizon_seconds=10**6), page=1)
+    paged, whole, far = await _walks(client, mine, stopped_page=2, far_page=1)
     assert (whole.eligible_workers, whole.eligible_speed) == (1, 0.5)
     # Pages of 2: [a b] 100, [a a] 100, [b b] 300 >= 150: it stops there, having counted 3 requests.
     assert (paged.competing_requests, paged.competing_work) == (3, 300)
