@@ -23,8 +23,14 @@ def hash_key(key: str) -> str:
 
 
 def new_api_key() -> str:
-    """22 characters: the horde-sdk refuses any other length (except UUIDs and the anonymous key)."""
-    return secrets.token_urlsafe(16)
+    """22 characters: the horde-sdk refuses any other length (except UUIDs and the anonymous key).
+
+    Never with a leading `-`: worker bridges and scripts take the key as a command-line value, and
+    argparse reads `--apikey -abc...` as a missing value (1 key in 64 would fail that way).
+    """
+    while (key := secrets.token_urlsafe(16)).startswith("-"):
+        pass
+    return key
 
 
 # The anonymous user's id as clients see it: upstream's `Anonymous#0`, which KoboldAI Lite

@@ -18,6 +18,7 @@ from sqlalchemy import select, text
 from horde_lite import cli
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import KudosEvent, SharedKey, User, Worker
+from horde_lite.lifecycle.users import new_api_key
 from tests.support.cli import point_settings_at, query
 from tests.support.horde import ANON, HordeClient
 
@@ -306,3 +307,11 @@ def test_delete_nobody(run: Any, db_url: str) -> None:
     assert result.exit_code == 1
     assert "No user named 'nobody'" in result.output
     assert query(db_url, select(SharedKey.key_hash)) == []
+
+
+def test_new_keys_never_start_with_a_dash() -> None:
+    """A key is passed on command lines (`--apikey KEY`); one that starts with `-` is read there as
+    an option. With a 1-in-64 chance per key, 2,000 keys would show the old behaviour almost surely."""
+    keys = [new_api_key() for _ in range(2000)]
+    assert all(len(key) == 22 and not key.startswith("-") for key in keys)
+    assert len(set(keys)) == len(keys)
