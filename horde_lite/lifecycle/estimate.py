@@ -8,8 +8,7 @@ competing work / the eligible workers' combined lease speed.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any
@@ -99,8 +98,8 @@ async def estimate(
         return Estimate(0, 0, 0.0, 0, 0, 0, int(own or 0))
     threads = sum(int(row[0]) for row in workers)
     speed = sum(float(row[1]) for row in workers)
-    judge = _judge_for(rules, workers)
-    eligible = judge.eligible
+    eligible = [worker_facts_of(row[2:]) for row in workers]  # after threads and speed
+    judge = _Judge(rules, eligible)
     horizon = speed * rules.horizon_seconds
     work = jobs = requests = 0
     walk = queue_index.walk(
@@ -186,46 +185,6 @@ def _workers(capable: bool) -> Callable[[Rules], Any]:
     return build
 
 
-# Judges kept across calls, by what their verdicts depend on (see `_judge_for`).
-_JUDGES: OrderedDict[tuple[Any, ...], _Judge] = OrderedDict()
-# Memory: a judge of 120 workers that has judged the 340 classes of a long walk holds about 350 kB
-# (bench/perf.py's horde at 10,000 queued), so the judges kept hold 20-50 MB at the most.
-_JUDGES_KEPT = 64
-_VERDICTS_KEPT = 1_000  # past it, a judge starts afresh
-
-
-def _judge_for(rules: Rules, rows: Sequence[Any]) -> _Judge:
-    """The judge of R's eligible workers (rows of `_workers`), kept across calls.
-
-    Estimates for requests of one shape, and every status poll of them, share a fleet, and judging
-    each class of queued requests afresh was most of a long walk's Python time. A judge's verdicts
-    depend only on its workers' facts and on the rules other than the time, and on two of the facts
-    less than their value: every worker here is online (the eligible workers' query checked it at
-    `rules.now`), so `last_check_in` drops out, and the measured speed counts only as over or under
-    `slow_speed`. A fleet that differs in anything else gets a judge of its own."""
-    fleet = frozenset(_stable(row, rules.slow_speed) for row in rows)
-    key = (rules.gate, rules.online_seconds, rules.assumed_speed, rules.slow_speed, fleet)
-    judge = _JUDGES.pop(key, None)  # taken out and put back last: the least recently used go first
-    if judge is None or judge.remembered >= _VERDICTS_KEPT:
-        judge = _Judge(rules, [worker_facts_of(row[2:]) for row in rows])
-    _JUDGES[key] = judge
-    while len(_JUDGES) > _JUDGES_KEPT:
-        _JUDGES.popitem(last=False)
-    return judge
-
-
-def _stable(row: Any, slow_speed: float) -> tuple[Any, ...]:
-    """A `_workers` row as far as the judge reads it (see `_judge_for`)."""
-    fast = row[1] >= slow_speed  # the worker's speed, the assumed one when unmeasured
-    return (*row[2:_LAST_CHECK_IN], *row[_LAST_CHECK_IN + 1 : _LEASE_SPEED], fast, *row[_LEASE_SPEED + 1 :])
-
-
-# In a `_workers` row: (threads, speed, *WORKER_FACT_COLUMNS).
-_LAST_CHECK_IN = 2 + WORKER_FACT_COLUMNS.index("last_check_in")
-_LEASE_SPEED = 2 + WORKER_FACT_COLUMNS.index("lease_speed")
-assert _LAST_CHECK_IN < _LEASE_SPEED
-
-
 class _Judge:
     """Could one of R's eligible workers take q: the Python twin of `eligibility_clauses(ew, q)`
     for some ew of them (property-tested to agree with the SQL clauses), over the workers that
@@ -255,11 +214,6 @@ class _Judge:
         self._contexts = sorted({w.max_context_length for w in eligible})
         self._chat_contexts = sorted({w.chat_max_context_tokens or 0 for w in eligible})
         self._verdicts: dict[tuple[Any, ...], bool | tuple[bool, bool]] = {}
-
-    @property
-    def remembered(self) -> int:
-        """How many classes this judge has a verdict for."""
-        return len(self._verdicts)
 
     def verdict(self, row: Any) -> bool | tuple[bool, bool]:
         """`takeable` for a row read with `_WALK_COLUMNS`, judged once per class (see above)."""

@@ -2,14 +2,11 @@
 requests with the same facts but for the context they need and the requester, whose context falls
 between the same two context limits of the eligible workers, get one verdict. That is only sound
 if the verdict of the class is the verdict of each of its members: checked here against judging
-every request on its own, under every installed speed gate. A judge is also kept across estimates
-for a fleet that changed only in what its verdicts do not read (`_judge_for`): checked here against
-a fresh judge of the changed fleet."""
+every request on its own, under every installed speed gate."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from typing import Any
 
 import msgspec
@@ -17,15 +14,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horde_lite.lifecycle.eligibility import (
-    REQUEST_FACT_COLUMNS,
-    WORKER_FACT_COLUMNS,
-    WORKER_FACT_JSON,
-    Rules,
-    WorkerFacts,
-    request_facts_of,
-)
-from horde_lite.lifecycle.estimate import _Judge, _judge_for
+from horde_lite.lifecycle.eligibility import REQUEST_FACT_COLUMNS, Rules, WorkerFacts, request_facts_of
+from horde_lite.lifecycle.estimate import _Judge
 from horde_lite.policies.registry import installed, load_policies
 from horde_lite.settings import PoliciesSettings, Settings
 
@@ -95,55 +85,3 @@ def test_a_class_verdict_is_each_members_verdict(
     for row in rows:  # in order, so later members of a class get the verdict of the first
         alone = _Judge(rules, fleet).takeable(request_facts_of(row[5:]))
         assert judge.verdict(row) == alone
-
-
-def _worker_row(w: WorkerFacts, rules: Rules) -> tuple[Any, ...]:
-    """A worker as the eligible workers' query reads it: (threads, speed, *facts), lists as text."""
-    speed = w.lease_speed if w.lease_speed is not None else rules.assumed_speed
-    facts = (
-        json.dumps(sorted(getattr(w, c))) if c in WORKER_FACT_JSON else getattr(w, c)
-        for c in WORKER_FACT_COLUMNS
-    )
-    return (1, speed, *facts)
-
-
-@pytest.mark.parametrize("gate", sorted(installed("speed_gate")))
-@settings(max_examples=60, deadline=None)
-@given(
-    fleet=st.lists(workers(), min_size=1, max_size=8),
-    rows=st.lists(queued(), min_size=1, max_size=30),
-    later=st.floats(0, 3600),
-    data=st.data(),
-)
-def test_a_kept_judge_judges_as_a_fresh_one(
-    gate: str, fleet: list[WorkerFacts], rows: list[Any], later: float, data: st.DataObject
-) -> None:
-    """Later, after new check-ins and new speeds on the same side of `slow_speed`, the judge kept
-    for the fleet gives each request the verdict a fresh judge of the fleet as it is now gives."""
-    policies = load_policies(msgspec.convert({"speed_gate": gate}, PoliciesSettings))
-    before = Rules.from_settings(msgspec.convert({}, Settings), policies.speed_gate, NOW)
-    after = replace(before, now=NOW + later)
-    # Eligible workers are online when they are read (the query checks it).
-    fleet = [replace(w, last_check_in=NOW - 10) for w in fleet]
-
-    def moved(w: WorkerFacts) -> WorkerFacts:
-        fast = (w.lease_speed if w.lease_speed is not None else before.assumed_speed) >= before.slow_speed
-        speeds = (
-            st.floats(before.slow_speed, 100) if fast else st.floats(0, before.slow_speed, exclude_max=True)
-        )
-        speed = data.draw(
-            st.one_of(st.none(), speeds) if fast == (before.assumed_speed >= before.slow_speed) else speeds
-        )
-        return replace(w, last_check_in=after.now - data.draw(st.floats(0, 60)), lease_speed=speed)
-
-    now_fleet = [moved(w) for w in fleet]
-    kept = _judge_for(before, [_worker_row(w, before) for w in fleet])
-    for row in rows:  # the kept judge has judged these classes before the fleet moved
-        kept.verdict(row)
-    assert _judge_for(after, [_worker_row(w, after) for w in now_fleet]) is kept
-    fresh = _Judge(after, now_fleet)
-    for row in rows:
-        assert kept.verdict(row) == fresh.takeable(request_facts_of(row[5:]))
-    # Anything else the verdicts read makes another judge: here one worker's capacity.
-    bigger = [replace(now_fleet[0], capacity=now_fleet[0].capacity + 1), *now_fleet[1:]]
-    assert _judge_for(after, [_worker_row(w, after) for w in bigger]) is not kept
