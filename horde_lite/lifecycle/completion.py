@@ -16,8 +16,8 @@ from horde_lite.lifecycle import kudos
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
-from horde_lite.lifecycle.lease import as_lease_holder
-from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
+from horde_lite.lifecycle.lease import as_lease_holder, lapse
+from horde_lite.lifecycle.settlement import give_back, may_end, maybe_finish, processing_count, shadow_outcome
 from horde_lite.lifecycle.workers import record_speed_sample
 
 log = logging.getLogger("horde_lite.completion")
@@ -71,9 +71,25 @@ def _job_reads(lock: bool) -> tuple[Select[Any], Select[Any]]:
 _LOCKED, _UNLOCKED = _job_reads(True), _job_reads(False)
 
 
+class JobLapsed(HordeError):
+    """The job's lease had run out when its worker posted about it: the lapse is applied in the
+    post's transaction, which is then committed (`lease.as_lease_holder`) and the post refused."""
+
+    def __init__(self) -> None:
+        super().__init__("AbortedGen", "This generation's lease lapsed; the job was given back to the queue.")
+
+
 async def load_generation_for_worker(
-    session: AsyncSession, user: User, generation_id: str, *, lock: bool = True
+    session: AsyncSession,
+    user: User,
+    generation_id: str,
+    *,
+    lock: bool = True,
+    lapse_at: tuple[Horde, float] | None = None,
 ) -> tuple[Generation, Worker, TextRequest]:
+    """The job `generation_id` of one of `user`'s workers, with its worker and request. With
+    `lapse_at` (the horde, now): a job whose lease ran out by then is aborted and given back here,
+    and `JobLapsed` raised; the caller commits that (the lapse is kept) and refuses the post."""
     missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
     # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation
     # and the worker (docs/explanation/locking.md). Concurrent submits, faults and lapses of one
@@ -90,6 +106,11 @@ async def load_generation_for_worker(
     generation, worker = job
     if worker.owner_id != user.id:
         raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
+    if lapse_at is not None:
+        horde, now = lapse_at
+        if generation.state == "processing" and generation.lease_expires_at < now:
+            await lapse(session, horde, generation, worker, request)
+            raise JobLapsed()
     return generation, worker, request
 
 
@@ -104,8 +125,15 @@ def require_live(generation: Generation) -> None:
 async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitInput) -> float:
     """Store a worker's result and return its reward."""
     now = horde.clock.now()
-    generation, worker, request = await load_generation_for_worker(session, user, body.id)
+    generation, worker, request = await load_generation_for_worker(
+        session, user, body.id, lapse_at=(horde, now)
+    )
     require_live(generation)
+    running: int | None = None
+    if body.state != "faulted" and not generation.fake and may_end(request):
+        # Whether this job is the request's last is read before anything is written, so that the
+        # request's row is written once (its charge and its end together) at the flush.
+        running = await processing_count(session, request.id, besides=generation.id)
     generation.submitted_at = now
     if body.state == "faulted":
         generation.state = "faulted"
@@ -154,12 +182,11 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
     worker.tokens_generated += tokens
     worker.kudos_earned = round(worker.kudos_earned + reward, 2)
     record_speed_sample(worker, tokens, sample_seconds(tokens, now - generation.popped_at), horde.settings)
-    await shadow_outcome(session, horde, generation, worker, request, "completed")
-    await session.flush()
-    if not await maybe_finish(session, request):
+    if not await maybe_finish(session, request, running=running):
         # A request that ended released its hold whole: taking the charge from it first would
         # read and write the row only for the release to overwrite it.
         await kudos.consume_hold(session, request.id, charge)
+    await shadow_outcome(session, horde, generation, worker, request, "completed")
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",
@@ -174,8 +201,7 @@ class Submitted:
 
 
 async def submit_job(horde: Horde, caller: Caller, body: SubmitInput) -> Submitted:
-    """POST /generate/text/submit: a lapse of the job first, then the submit, as its lease holder."""
-    reward = await as_lease_holder(
-        horde, caller, body.id, lambda session, user: submit(session, horde, user, body)
-    )
+    """POST /generate/text/submit: the submit as the job's lease holder (a lapse of the job is
+    honoured first)."""
+    reward = await as_lease_holder(horde, caller, lambda session, user: submit(session, horde, user, body))
     return Submitted(reward=reward)

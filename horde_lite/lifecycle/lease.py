@@ -36,8 +36,8 @@ async def lapse(
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
 
 
-# The requests with a lapsed job (at most 500 a pass), built once: every submit, progress post and
-# status read asks it of its own job or request.
+# The requests with a lapsed job (at most 500 a pass), built once: every status read asks it of its
+# own request (a submit or progress post finds its own job's lapse as it loads it).
 _LAPSED = (
     select(Generation.request_id)
     .where(Generation.state == "processing", Generation.lease_expires_at < bindparam("now"))
@@ -45,7 +45,6 @@ _LAPSED = (
     .limit(500)
 )
 _LAPSED_OF_REQUEST = _LAPSED.where(Generation.request_id == bindparam("of"))
-_LAPSED_OF_GENERATION = _LAPSED.where(Generation.id == bindparam("of"))
 
 
 async def lapse_expired(
@@ -53,20 +52,17 @@ async def lapse_expired(
     horde: Horde,
     now: float,
     request_id: str | None = None,
-    generation_id: str | None = None,
 ) -> int:
-    """Abort every processing generation whose lease has lapsed (optionally of one request or one
-    generation: reads that depend on a lapse honour it between two sweeps)."""
-    if generation_id is not None:
-        query, values = _LAPSED_OF_GENERATION, {"now": now, "of": generation_id}
-    elif request_id is not None:
+    """Abort every processing generation whose lease has lapsed (optionally of one request: reads
+    that depend on a lapse honour it between two sweeps)."""
+    if request_id is not None:
         query, values = _LAPSED_OF_REQUEST, {"now": now, "of": request_id}
     else:
         query, values = _LAPSED, {"now": now}
     request_ids = sorted(set((await session.execute(query, values)).scalars()))
     # The sweep skips a request another transaction holds (the next pass takes it); a read that
     # must honour the lapse waits for it.
-    sweeping = request_id is None and generation_id is None
+    sweeping = request_id is None
     count = 0
     for rid in request_ids:
         # Lock order: the request, then its generations, then the worker (as submit and cancel).
@@ -86,8 +82,6 @@ async def lapse_expired(
             .with_for_update()
             .execution_options(populate_existing=True)
         )
-        if generation_id is not None:
-            generations = generations.where(Generation.id == generation_id)
         for generation in list((await session.execute(generations)).scalars()):
             worker = await session.get(
                 Worker, generation.worker_id, with_for_update=True, populate_existing=True
@@ -119,19 +113,21 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
 
 
 async def as_lease_holder(
-    horde: Horde, caller: Caller, generation_id: str, act: Callable[[AsyncSession, User], Awaitable[T]]
+    horde: Horde, caller: Caller, act: Callable[[AsyncSession, User], Awaitable[T]]
 ) -> T:
-    """A worker's post about one of its jobs (a submit, a progress post): first honour a lapse of
-    that job's lease, then authenticate the worker's owner and act. Usually nothing lapsed and it is
-    one transaction; a lapse is committed on its own first, so it is kept although the post is then
-    refused with AbortedGen, and the post is judged in a second transaction."""
-    async with horde.transaction() as session:
-        if not await lapse_expired(session, horde, horde.clock.now(), generation_id=generation_id):
-            user = await authenticate_user(session, caller.apikey, horde.clock.now())
-            return await act(session, user)
+    """A worker's post about one of its jobs (a submit, a progress post), in one transaction:
+    authenticate the worker's owner and act. `act` loads the job with `lapse_at`, so a job whose
+    lease ran out is aborted and given back there; that lapse is committed, and the post is then
+    refused with AbortedGen (`completion.JobLapsed`)."""
+    from horde_lite.lifecycle.completion import JobLapsed  # completion builds on this module
+
     async with horde.transaction() as session:
         user = await authenticate_user(session, caller.apikey, horde.clock.now())
-        return await act(session, user)
+        try:
+            return await act(session, user)
+        except JobLapsed as lapsed:
+            refused = lapsed  # leaving the block normally commits the lapse
+    raise refused
 
 
 async def sweep(horde: Horde) -> tuple[int, int]:

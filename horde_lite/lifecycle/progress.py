@@ -35,9 +35,11 @@ class ProgressAnswer:
 
 
 async def record(session: AsyncSession, horde: Horde, user: User, body: ProgressInput) -> ProgressAnswer:
-    """Store one progress post (the caller has already honoured a lapse of this generation)."""
+    """Store one progress post (a lapse of this generation is honoured as it is loaded)."""
     now = horde.clock.now()
-    generation, _worker, request = await load_generation_for_worker(session, user, body.id)
+    generation, _worker, request = await load_generation_for_worker(
+        session, user, body.id, lapse_at=(horde, now)
+    )
     require_live(generation)
     if not request.is_chat or not request.stream:
         raise HordeError(
@@ -81,8 +83,6 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
 
 
 async def post(horde: Horde, caller: Caller, body: ProgressInput) -> ProgressAnswer:
-    """POST /generate/text/progress: a lapse of the job first, then the post as its lease holder,
-    then wake the waiting front."""
-    return await as_lease_holder(
-        horde, caller, body.id, lambda session, user: record(session, horde, user, body)
-    )
+    """POST /generate/text/progress: the post as the job's lease holder (a lapse of the job is
+    honoured first), then wake the waiting front."""
+    return await as_lease_holder(horde, caller, lambda session, user: record(session, horde, user, body))

@@ -16,18 +16,30 @@ _PROCESSING = select(func.count(Generation.id)).where(
     Generation.state == "processing",
     Generation.fake.is_(False),
 )  # built once: every submit asks it
+_PROCESSING_BESIDES = _PROCESSING.where(Generation.id != bindparam("besides"))
 
 
-async def processing_count(session: AsyncSession, request_id: str) -> int:
-    return (await session.execute(_PROCESSING, {"request_id": request_id})).scalar_one()
+async def processing_count(session: AsyncSession, request_id: str, *, besides: str | None = None) -> int:
+    """The request's real jobs still running (`besides`: not counting that generation)."""
+    if besides is None:
+        return (await session.execute(_PROCESSING, {"request_id": request_id})).scalar_one()
+    values = {"request_id": request_id, "besides": besides}
+    return (await session.execute(_PROCESSING_BESIDES, values)).scalar_one()
 
 
-async def maybe_finish(session: AsyncSession, request: TextRequest) -> bool:
+def may_end(request: TextRequest) -> bool:
+    """Nothing of the request is left to hand out: it ends when its last running job does."""
+    return request.state != "waiting" or request.n_remaining <= 0
+
+
+async def maybe_finish(session: AsyncSession, request: TextRequest, *, running: int | None = None) -> bool:
     """A request with nothing left to hand out and nothing running is over: release its hold.
-    True when it did."""
-    if request.state == "waiting" and request.n_remaining > 0:
+    True when it did. `running`: its real jobs still running, when the caller has counted them."""
+    if not may_end(request):
         return False
-    if await processing_count(session, request.id) > 0:
+    if running is None:
+        running = await processing_count(session, request.id)
+    if running > 0:
         return False
     if request.state == "waiting":
         request.state = "done"

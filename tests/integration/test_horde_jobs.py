@@ -156,6 +156,31 @@ async def test_submit_after_the_lease_lapsed_is_aborted_even_before_the_sweep(cl
     assert (await client.pop(owner, "w2")).json()["id"] is not None
 
 
+async def test_a_late_post_keeps_the_lapse_it_finds(client: HordeClient) -> None:
+    """The late submit itself aborts the job and gives it back (no status read, no sweep between),
+    in the transaction it then commits; a post from another user's key changes nothing."""
+    owner, other = await client.user("owner"), await client.user("other")
+    request_id = (await client.create(ANON)).json()["id"]
+    job = (await client.pop(owner, "w1")).json()
+    client.clock.advance(151)
+
+    async def rows() -> tuple[Any, ...]:
+        async with client.horde.sessionmaker() as session:
+            found = await session.execute(
+                text("SELECT g.state, r.n_remaining, r.restarts, w.aborted_jobs FROM generations g "
+                     "JOIN text_requests r ON r.id = g.request_id JOIN workers w ON w.id = g.worker_id "
+                     "WHERE g.id = :id"), {"id": job["id"]})  # fmt: skip
+            return tuple(found.one())
+
+    wrong = await client.submit(other, job["id"], "not mine")
+    assert (wrong.status_code, wrong.json()["rc"]) == (403, "WrongCredentials")
+    assert await rows() == ("processing", 0, 0, 0)
+    late = await client.submit(owner, job["id"], "too late")
+    assert (late.status_code, late.json()["rc"]) == (400, "AbortedGen")
+    assert await rows() == ("aborted", 1, 1, 1)
+    assert (await client.status(request_id)).json()["restarted"] == 1  # counted once
+
+
 async def test_submit_right_at_the_end_of_the_lease_counts(client: HordeClient) -> None:
     owner = await client.user("owner")
     await client.create(ANON)
