@@ -81,12 +81,16 @@ async def cancel_and_read(horde: Horde, request_id: str) -> RequestStatus:
 
 async def status(session: AsyncSession, horde: Horde, request_id: str) -> RequestStatus:
     now = horde.clock.now()
-    # Lapses are honoured by this read even between two sweeps.
-    await lapse_expired(session, horde, now, request_id)
     # The request's counters and its jobs in ONE statement, so they come from one snapshot: under
     # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
     # halves (its generation without its lowered n_remaining, or the reverse).
     rows = (await session.execute(_STATUS, {"request_id": request_id})).all()
+    if any(g is not None and g.state == "processing" and g.lease_expires_at < now for *_, g, _ in rows):
+        # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
+        # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
+        # read no statement of its own when there is none.
+        await lapse_expired(session, horde, now, request_id)
+        rows = (await session.execute(_STATUS, {"request_id": request_id})).all()
     if not rows:
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]

@@ -181,6 +181,23 @@ async def test_a_late_post_keeps_the_lapse_it_finds(client: HordeClient) -> None
     assert (await client.status(request_id)).json()["restarted"] == 1  # counted once
 
 
+async def test_a_status_read_honours_a_lapse_before_the_sweep(client: HordeClient) -> None:
+    """A status read sees its request's lapsed job in the rows it reads, gives the job back (in its
+    own transaction: kept) and answers with the job waiting again; a live job stays processing."""
+    owner = await client.user("owner")
+    request_id = (await client.create(ANON, params={"n": 2, "max_length": 64})).json()["id"]
+    early = (await client.pop(owner, "w1")).json()["id"]
+    client.clock.advance(100)
+    late = (await client.pop(owner, "w2")).json()["id"]
+    client.clock.advance(51)  # the first lease (150 s) has run out, the second has not
+    status = (await client.status(request_id)).json()
+    assert (status["processing"], status["waiting"], status["restarted"]) == (1, 1, 1)
+    async with client.horde.sessionmaker() as session:
+        states = dict((await session.execute(text("SELECT id, state FROM generations"))).all())
+    assert states == {early: "aborted", late: "processing"}
+    assert await client.sweep() == (0, 0)  # nothing left for the sweep
+
+
 async def test_submit_right_at_the_end_of_the_lease_counts(client: HordeClient) -> None:
     owner = await client.user("owner")
     await client.create(ANON)
