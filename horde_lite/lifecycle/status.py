@@ -88,9 +88,11 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     if any(g is not None and g.state == "processing" and g.lease_expires_at < now for *_, g, _ in rows):
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
-        # read no statement of its own when there is none.
+        # read no statement of its own when there is none. The second read refreshes the jobs the
+        # first one loaded: another transaction (the sweep) may have lapsed them in between, and
+        # jobs kept as first read beside the request's new counters would count one job twice.
         await lapse_expired(session, horde, now, request_id)
-        rows = (await session.execute(_STATUS, {"request_id": request_id})).all()
+        rows = (await session.execute(_STATUS_FRESH, {"request_id": request_id})).all()
     if not rows:
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]
@@ -130,6 +132,7 @@ _STATUS = (
     .where(TextRequest.id == bindparam("request_id"))
     .order_by(Generation.submitted_at)
 )
+_STATUS_FRESH = _STATUS.execution_options(populate_existing=True)
 
 
 def _finished(g: Generation, worker_name: str) -> FinishedGeneration:

@@ -11,8 +11,12 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import text
 
+from horde_lite.db.models import Generation
+from horde_lite.lifecycle import status
+from tests.conftest import is_postgres
 from tests.support.horde import ANON, HordeClient
 
 
@@ -196,6 +200,30 @@ async def test_a_status_read_honours_a_lapse_before_the_sweep(client: HordeClien
         states = dict((await session.execute(text("SELECT id, state FROM generations"))).all())
     assert states == {early: "aborted", late: "processing"}
     assert await client.sweep() == (0, 0)  # nothing left for the sweep
+
+
+@pytest.mark.postgres_only
+async def test_a_status_read_counts_a_job_lapsed_by_another_transaction_once(
+    client: HordeClient, db_url: str
+) -> None:
+    """The status read sees a job that lapsed, but the sweep gives it back first (another
+    transaction): the read must count the job once, as waiting again, not also as processing from
+    what it first read (the soak on PostgreSQL found that race)."""
+    if not is_postgres(db_url):
+        pytest.skip("SQLite has one writer: no sweep commits while a read of the request is open")
+    owner = await client.user("owner")
+    request_id = (await client.create(ANON)).json()["id"]
+    job = (await client.pop(owner, "w1")).json()["id"]
+    client.clock.advance(151)
+    horde = client.horde
+    async with horde.sessionmaker() as session, session.begin():
+        # What the read's first statement saw: the job still processing, its lease run out.
+        seen = await session.get(Generation, job)
+        assert seen is not None
+        assert seen.state == "processing"
+        assert await client.sweep() == (1, 0)  # meanwhile, in its own transaction
+        got = await status.status(session, horde, request_id)
+    assert (got.processing, got.waiting, got.restarted) == (0, 1, 1)
 
 
 async def test_submit_right_at_the_end_of_the_lease_counts(client: HordeClient) -> None:
