@@ -16,8 +16,8 @@ from horde_lite.lifecycle import kudos
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
-from horde_lite.lifecycle.lease import as_lease_holder, lapse
-from horde_lite.lifecycle.settlement import give_back, may_end, maybe_finish, processing_count, shadow_outcome
+from horde_lite.lifecycle.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
+from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
 from horde_lite.lifecycle.workers import record_speed_sample
 
 log = logging.getLogger("horde_lite.completion")
@@ -71,14 +71,6 @@ def _job_reads(lock: bool) -> tuple[Select[Any], Select[Any]]:
 _LOCKED, _UNLOCKED = _job_reads(True), _job_reads(False)
 
 
-class JobLapsed(HordeError):
-    """The job's lease had run out when its worker posted about it: the lapse is applied in the
-    post's transaction, which is then committed (`lease.as_lease_holder`) and the post refused."""
-
-    def __init__(self) -> None:
-        super().__init__("AbortedGen", "This generation's lease lapsed; the job was given back to the queue.")
-
-
 async def load_generation_for_worker(
     session: AsyncSession,
     user: User,
@@ -108,7 +100,7 @@ async def load_generation_for_worker(
         raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
     if lapse_at is not None:
         horde, now = lapse_at
-        if generation.state == "processing" and generation.lease_expires_at < now:
+        if lease_ran_out(generation, now):
             await lapse(session, horde, generation, worker, request)
             raise JobLapsed()
     return generation, worker, request
@@ -117,7 +109,7 @@ async def load_generation_for_worker(
 def require_live(generation: Generation) -> None:
     """Only a generation still holding its lease takes a submit or a progress post."""
     if generation.state == "aborted":
-        raise HordeError("AbortedGen", "This generation's lease lapsed; the job was given back to the queue.")
+        raise HordeError("AbortedGen", LAPSED)
     if generation.state != "processing":
         raise HordeError("DuplicateGen", "This generation was already submitted.")
 
@@ -129,11 +121,6 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
         session, user, body.id, lapse_at=(horde, now)
     )
     require_live(generation)
-    running: int | None = None
-    if body.state != "faulted" and not generation.fake and may_end(request):
-        # Whether this job is the request's last is read before anything is written, so that the
-        # request's row is written once (its charge and its end together) at the flush.
-        running = await processing_count(session, request.id, besides=generation.id)
     generation.submitted_at = now
     if body.state == "faulted":
         generation.state = "faulted"
@@ -182,7 +169,7 @@ async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitIn
     worker.tokens_generated += tokens
     worker.kudos_earned = round(worker.kudos_earned + reward, 2)
     record_speed_sample(worker, tokens, sample_seconds(tokens, now - generation.popped_at), horde.settings)
-    if not await maybe_finish(session, request, running=running):
+    if not await maybe_finish(session, request, ended=generation.id):
         # A request that ended released its hold whole: taking the charge from it first would
         # read and write the row only for the release to overwrite it.
         await kudos.consume_hold(session, request.id, charge)

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
 from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
 from horde_lite.lifecycle.users import authenticate_user
 
@@ -34,6 +35,22 @@ async def lapse(
     await shadow_outcome(session, horde, generation, worker, request, "aborted")
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
+
+
+def lease_ran_out(generation: Generation, now: float) -> bool:
+    """A job still processing past its lease: `_LAPSED`'s test, for a job already read."""
+    return generation.state == "processing" and generation.lease_expires_at < now
+
+
+LAPSED = "This generation's lease lapsed; the job was given back to the queue."  # AbortedGen's message
+
+
+class JobLapsed(HordeError):
+    """The job's lease had run out when its worker posted about it: the lapse is applied in the
+    post's transaction, which is then committed (`as_lease_holder`) and the post refused."""
+
+    def __init__(self) -> None:
+        super().__init__("AbortedGen", LAPSED)
 
 
 # The requests with a lapsed job (at most 500 a pass), built once: every status read asks it of its
@@ -118,9 +135,7 @@ async def as_lease_holder(
     """A worker's post about one of its jobs (a submit, a progress post), in one transaction:
     authenticate the worker's owner and act. `act` loads the job with `lapse_at`, so a job whose
     lease ran out is aborted and given back there; that lapse is committed, and the post is then
-    refused with AbortedGen (`completion.JobLapsed`)."""
-    from horde_lite.lifecycle.completion import JobLapsed  # completion builds on this module
-
+    refused with AbortedGen (`JobLapsed`)."""
     async with horde.transaction() as session:
         user = await authenticate_user(session, caller.apikey, horde.clock.now())
         try:

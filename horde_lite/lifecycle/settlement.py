@@ -27,18 +27,17 @@ async def processing_count(session: AsyncSession, request_id: str, *, besides: s
     return (await session.execute(_PROCESSING_BESIDES, values)).scalar_one()
 
 
-def may_end(request: TextRequest) -> bool:
-    """Nothing of the request is left to hand out: it ends when its last running job does."""
-    return request.state != "waiting" or request.n_remaining <= 0
-
-
-async def maybe_finish(session: AsyncSession, request: TextRequest, *, running: int | None = None) -> bool:
+async def maybe_finish(session: AsyncSession, request: TextRequest, *, ended: str | None = None) -> bool:
     """A request with nothing left to hand out and nothing running is over: release its hold.
-    True when it did. `running`: its real jobs still running, when the caller has counted them."""
-    if not may_end(request):
+    True when it did. `ended`: the job whose end the caller is writing; it is not counted, and
+    the count flushes nothing, so the request's row is written once (its end with the rest)."""
+    if request.state == "waiting" and request.n_remaining > 0:
         return False
-    if running is None:
+    if ended is None:
         running = await processing_count(session, request.id)
+    else:
+        with session.no_autoflush:
+            running = await processing_count(session, request.id, besides=ended)
     if running > 0:
         return False
     if request.state == "waiting":

@@ -13,7 +13,7 @@ from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import estimate
-from horde_lite.lifecycle.lease import lapse_expired
+from horde_lite.lifecycle.lease import lapse_expired, lease_ran_out
 from horde_lite.lifecycle.settlement import maybe_finish
 
 FINISHED = ("ok", "censored")
@@ -85,7 +85,7 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
     # halves (its generation without its lowered n_remaining, or the reverse).
     rows = (await session.execute(_STATUS, {"request_id": request_id})).all()
-    if any(g is not None and g.state == "processing" and g.lease_expires_at < now for *_, g, _ in rows):
+    if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
         # read no statement of its own when there is none. The second read refreshes the jobs the
