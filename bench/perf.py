@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from sqlalchemy import event, insert, select, text, update
+from sqlalchemy import event, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bench.admission import (
@@ -46,6 +46,7 @@ from bench.admission import (
     insert_users,
     pct,
     request_shape,
+    settle,
 )
 from bench.perf_cycles import CycleResult, run_cycles
 from bench.soak_servers import STACKS
@@ -120,13 +121,7 @@ async def prepare(horde: Horde, fixture: Fixture) -> None:
             await session.execute(
                 update(QueueEntry).where(QueueEntry.model == queue_index.ANY_MODEL).values(model=top)
             )
-    async with horde.engine.connect() as conn:
-        if horde.engine.dialect.name == "postgresql":
-            await conn.execute(text("COMMIT"))
-            await conn.execute(text("VACUUM ANALYZE"))  # see bench/admission.py `build`
-        else:
-            await conn.execute(text("ANALYZE"))
-        await conn.commit()
+    await settle(horde)
 
 
 @dataclasses.dataclass
