@@ -101,11 +101,17 @@ async def _candidate(
     return None
 
 
-async def _capable_online(session: AsyncSession, rules: Rules, request: TextRequest) -> bool:
-    """Is a capable worker for `request` online: the speed gate's own SQL, in one small query."""
+def _capable(rules: Rules) -> Select[Any]:
     r = TextRequest
-    query = select(capable_worker_online(r, rules)).where(r.id == request.id)
-    return bool((await session.execute(query)).scalar_one())
+    return select(capable_worker_online(r, rules)).where(r.id == bindparam("request_id"))
+
+
+async def _capable_online(session: AsyncSession, rules: Rules, request: TextRequest) -> bool:
+    """Is a capable worker for `request` online: the speed gate's own SQL, in one small query,
+    built once (a statement built per call cost its cache key on every found over-capacity pop)."""
+    query = built_once(rules, ("pop capable",), _capable)
+    conn = await session.connection()  # Core: it reads workers, nothing the ORM holds dirty
+    return bool((await conn.execute(query, {"now": rules.now, "request_id": request.id})).scalar_one())
 
 
 async def _record_assignments(
