@@ -221,8 +221,6 @@ def queue_rows(rng: random.Random, now: float, fixture: Fixture, count: int
                 "expires_at": created + 1200 + 600,
                 "kudos_spent": 0.0,
                 "requested_max_length": shape["max_length"],
-                "free_allowance": 4096,
-                "allowance_outcome": "free",
                 "context_adjustments": [],
                 "client_agent": "bench",
             }

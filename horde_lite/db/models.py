@@ -198,10 +198,8 @@ class TextRequest(Base):
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float, index=True)
     kudos_spent: Mapped[float] = mapped_column(Float, default=0.0)
-    # Admission record: what was asked, what was allowed, how it was decided.
+    # What was asked (max_length is what was applied); the decision itself is its admission record.
     requested_max_length: Mapped[int] = mapped_column(Integer)
-    free_allowance: Mapped[int | None] = mapped_column(Integer, nullable=True)
-    allowance_outcome: Mapped[str] = mapped_column(String(16), default="free")
     context_adjustments: Mapped[list[Any]] = mapped_column(JsonDoc, default=list)
     client_agent: Mapped[str] = mapped_column(String(255), default="")
 

@@ -484,8 +484,6 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         # A free request through a key still spends the key's budget when its jobs are charged:
         # it must fit what is left, and reserves it so concurrent requests cannot overspend.
         check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
-    row.free_allowance = allowance
-    row.allowance_outcome = outcome
     if not spec.dry_run:  # a dry run is rolled back: nothing walks the queue before that
         await queue_index.enter(session, row)
     if outcome == "funded" or requester.shared_key is not None:

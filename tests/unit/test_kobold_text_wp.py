@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
-from horde_lite.db.models import KudosHold, TextRequest
+from horde_lite.db.models import AdmissionRecord, KudosHold, TextRequest
 from horde_lite.lifecycle import admission, policy_state
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import TextRequestInput
@@ -108,6 +108,13 @@ async def holds(client: HordeClient) -> list[KudosHold]:
 async def request_rows(client: HordeClient) -> list[TextRequest]:
     async with client.horde.sessionmaker() as session:
         return list((await session.execute(select(TextRequest))).scalars())
+
+
+async def outcomes(client: HordeClient) -> dict[str | None, str]:
+    """Each admitted request's recorded outcome, by request id."""
+    async with client.horde.sessionmaker() as session:
+        rows = (await session.execute(select(AdmissionRecord.request_id, AdmissionRecord.outcome))).all()
+    return {request_id: outcome for request_id, outcome in rows if request_id is not None}
 
 
 def chat_body(max_tokens: int, **extra: Any) -> dict[str, Any]:
@@ -283,7 +290,10 @@ async def test_free_request_holds_nothing(client: HordeClient) -> None:
         assert created.status_code == 202, created.text
         assert created.json()["kudos"] > 0  # the estimate is still quoted
     assert await holds(client) == []
-    assert {r.allowance_outcome for r in await request_rows(client)} == {"free"}
+    rows = await request_rows(client)
+    assert len(rows) == 2
+    recorded = await outcomes(client)
+    assert {recorded[r.id] for r in rows} == {"free"}
 
 
 async def test_funded_request_holds_its_estimate_keyed_by_request(client: HordeClient) -> None:
@@ -340,7 +350,7 @@ async def test_downgrade_on_the_native_legacy_route(client: HordeClient) -> None
     rows = {r.id: r for r in await request_rows(client)}
     assert rows[body["id"]].max_length == 2304
     assert rows[body["id"]].requested_max_length == 4000
-    assert rows[body["id"]].allowance_outcome == "downgraded"
+    assert (await outcomes(client))[body["id"]] == "downgraded"
 
 
 async def test_downgrade_allows_slow_workers(client: HordeClient) -> None:
