@@ -14,7 +14,7 @@ cancelled, expired).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -265,10 +265,13 @@ async def walk(
     columns: Sequence[Any] = (),
     reads: str = "",
     values: Mapping[str, Any] | None = None,
+    resize: Callable[[], int] | None = None,
 ) -> AsyncIterator[list[Any]]:
     """Pages of the waiting requests in queue order that ask for one of `models` or for any model
     (None: every waiting request), skipping those whose lengths exceed `limits`, strictly before
     `before` when given, until it runs out; the caller stops early when it has what it needs.
+    The first page holds `size` rows at most; `resize`, when given, is asked for each later
+    page's size (the caller may know by then how many more rows it needs).
 
     Each page is a list of rows, one per request (first appearance): `(request_id,
     effective_start, created_at, *columns)`, the `columns` (of TextRequest, built once by the
@@ -301,3 +304,5 @@ async def walk(
             return
         last = rows[-1]
         after = Position(last[1], last[2], last[0])
+        if resize is not None:
+            size = max(1, resize())

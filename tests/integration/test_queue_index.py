@@ -213,3 +213,30 @@ async def test_the_capable_question_finds_its_requests_by_key(client: HordeClien
         plan = [row[-1] for row in (await conn.execute(statement, {"now": horde.clock.now(), "ids": ["x"]}))]
     assert any(step.startswith("SEARCH text_requests") for step in plan), plan
     assert not any(step.startswith("SCAN text_requests") for step in plan), plan
+
+
+async def test_a_long_walk_sizes_its_later_pages_by_what_the_horizon_needs(client: HordeClient) -> None:
+    """After its first page, the walk asks for as many rows as the horizon still needs at the work
+    per row read so far (within [page, 1000]): 12 requests ahead, read 2 then the rest in one page
+    instead of six pages, with the same count."""
+    key = await client.user("owner")
+    rich = await client.user("rich", kudos=1_000_000)
+    assert (await client.pop(key, "w", models=["p-7B"])).json()["id"] is None
+    for _ in range(12):
+        await client.create(rich, models=["p-7B"], params={"max_length": 100})
+    client.clock.advance(1)
+    mine = (await client.create(ANON, models=["p-7B"], params={"max_length": 100})).json()["id"]
+    horde = client.horde
+    pages: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "queue_entries" in statement:
+            pages.append(statement)
+
+    async with horde.sessionmaker() as session:
+        conn = await session.connection()
+        event.listen(conn.sync_connection, "before_cursor_execute", count)
+        rules = replace(horde.rules(horde.clock.now()), horizon_seconds=10**6)
+        got = await estimate(session, mine, rules, page=2)
+    assert (got.competing_requests, got.competing_work) == (12, 1200)
+    assert len(pages) == 2
