@@ -68,8 +68,9 @@ PROBES = 4  # dedicated workers per pop kind, used in turn
 
 @dataclasses.dataclass
 class BenchHorde(Horde):
-    """The app's Horde whose transactions can be rolled back at the end (the measured calls), with a
-    hook that runs inside the transaction before the rollback (the EXPLAINs)."""
+    """The app's Horde whose transactions can be rolled back at the end (the measured calls, after
+    flushing what their commit would write), with a hook that runs inside the transaction before
+    the rollback (the EXPLAINs)."""
 
     rollback: bool = False
     on_end: Callable[[AsyncSession], Awaitable[None]] | None = None
@@ -83,6 +84,7 @@ class BenchHorde(Horde):
         async with self.sessionmaker() as session:
             try:
                 yield session
+                await session.flush()  # what the commit would write (a pop's records), timed too
             finally:
                 if self.on_end is not None:  # also after a refusal: its statements ran
                     await self.on_end(session)
