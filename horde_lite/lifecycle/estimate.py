@@ -77,8 +77,19 @@ _PAGE_MARGIN = 1.2
 _PENDING_MOST = 1000
 
 
+def head_columns(r: Any, rules: Rules) -> tuple[Any, ...]:
+    """What the estimate reads of R first: its own remaining output, its queue key, and whether a
+    capable worker for R is online (a reader of R's row may select them with it, see `estimate`)."""
+    return (r.max_length * r.n_remaining, r.effective_start, r.created_at, capable_worker_online(r, rules))
+
+
 async def estimate(
-    session: AsyncSession, request_id: str, rules: Rules, *, page: int = ESTIMATE_PAGE
+    session: AsyncSession,
+    request_id: str,
+    rules: Rules,
+    *,
+    page: int = ESTIMATE_PAGE,
+    head: tuple[Any, ...] | None = None,
 ) -> Estimate:
     """Short queries, each bounded by the fleet or by what the horizon holds, so creation and
     status reads stay cheap with a long queue (bench/perf.py measures them):
@@ -90,12 +101,16 @@ async def estimate(
        rows judged in Python by the check's twin (one of those workers could take q; see
        `_Judge`). The walk stops at R, or once the work counted would keep those workers busy for
        the horizon (`[allowance] estimate_horizon_seconds`): a longer wait changes no allowance.
+
+    `head`: the values of `head_columns` for R when the caller read them with R's row (the status
+    read), which saves step 1's statement.
     """
     values = {"now": rules.now, "request_id": request_id}
     conn = await session.connection()  # Core statements: the ORM's result machinery only costs
-    head = (await conn.execute(built_once(rules, ("estimate head",), _head), values)).one_or_none()
     if head is None:
-        return Estimate(0, 0, 0.0, 0, 0, 0, 0)
+        head = (await conn.execute(built_once(rules, ("estimate head",), _head), values)).one_or_none()
+        if head is None:
+            return Estimate(0, 0, 0.0, 0, 0, 0, 0)
     own, start, created, capable = head
     eligible_workers = built_once(rules, ("estimate workers", bool(capable)), _workers(bool(capable)))
     workers = (await conn.execute(eligible_workers, values)).all()
@@ -173,11 +188,8 @@ async def estimate(
 
 
 def _head(rules: Rules) -> Any:
-    """R's own remaining output, its queue key, and whether a capable worker for R is online."""
     r = _R
-    return select(
-        r.max_length * r.n_remaining, r.effective_start, r.created_at, capable_worker_online(r, rules)
-    ).where(r.id == bindparam("request_id"))
+    return select(*head_columns(r, rules)).where(r.id == bindparam("request_id"))
 
 
 def _capable(rules: Rules) -> Any:

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import and_, bindparam, select
+from sqlalchemy import Select, and_, bindparam, case, false, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.eligibility import Rules, built_once
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.estimate import estimate
+from horde_lite.lifecycle.estimate import estimate, head_columns
 from horde_lite.lifecycle.lease import lapse_expired, lease_ran_out
 from horde_lite.lifecycle.settlement import maybe_finish
 
@@ -81,10 +83,13 @@ async def cancel_and_read(horde: Horde, request_id: str) -> RequestStatus:
 
 async def status(session: AsyncSession, horde: Horde, request_id: str) -> RequestStatus:
     now = horde.clock.now()
-    # The request's counters and its jobs in ONE statement, so they come from one snapshot: under
+    # The request's counters and its jobs in ONE statement (with what the wait estimate reads first
+    # of the request, which saves it a statement), so they come from one snapshot: under
     # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
     # halves (its generation without its lowered n_remaining, or the reverse).
-    rows = (await session.execute(_STATUS, {"request_id": request_id})).all()
+    rules = horde.rules(now)
+    values = {"now": now, "request_id": request_id}
+    rows = (await session.execute(built_once(rules, ("status",), _READ), values)).all()
     if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
@@ -92,7 +97,7 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
         # first one loaded: another transaction (the sweep) may have lapsed them in between, and
         # jobs kept as first read beside the request's new counters would count one job twice.
         await lapse_expired(session, horde, now, request_id)
-        rows = (await session.execute(_STATUS_FRESH, {"request_id": request_id})).all()
+        rows = (await session.execute(built_once(rules, ("status fresh",), _READ_FRESH), values)).all()
     if not rows:
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]
@@ -100,7 +105,7 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     finished = [(g, name) for g, name in jobs if g.state in FINISHED]
     processing = sum(1 for g, _ in jobs if g.state == "processing")
     waiting = n_remaining if state == "waiting" else 0
-    est = await estimate(session, request_id, horde.rules(now)) if waiting else None
+    est = await estimate(session, request_id, rules, head=rows[0][4:8]) if waiting else None
     return RequestStatus(
         finished=len(finished),
         processing=processing,
@@ -116,23 +121,39 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     )
 
 
-# Built once (a statement built per call costs more to key for the cache than to run).
-_STATUS = (
-    select(
-        TextRequest.state,
-        TextRequest.n_remaining,
-        TextRequest.restarts,
-        TextRequest.kudos_spent,
-        Generation,
-        Worker.name,
-    )
-    .select_from(TextRequest)
-    .outerjoin(Generation, and_(Generation.request_id == TextRequest.id, Generation.fake.is_(False)))
-    .outerjoin(Worker, Worker.id == Generation.worker_id)
-    .where(TextRequest.id == bindparam("request_id"))
-    .order_by(Generation.submitted_at)
-)
-_STATUS_FRESH = _STATUS.execution_options(populate_existing=True)
+def _status(*, fresh: bool) -> Callable[[Rules], Select[Any]]:
+    """The request's counters, what the estimate reads first of it, and its jobs with their
+    workers' names (built once, see `built_once`). `fresh`: the jobs already loaded are refreshed."""
+
+    def build(rules: Rules) -> Select[Any]:
+        r = TextRequest
+        own, start, created, capable = head_columns(r, rules)
+        query = (
+            select(
+                r.state,
+                r.n_remaining,
+                r.restarts,
+                r.kudos_spent,
+                own,
+                start,
+                created,
+                # Asked of the fleet only for a request the estimate will read (CASE is lazy).
+                case((r.state == "waiting", capable), else_=false()),
+                Generation,
+                Worker.name,
+            )
+            .select_from(r)
+            .outerjoin(Generation, and_(Generation.request_id == r.id, Generation.fake.is_(False)))
+            .outerjoin(Worker, Worker.id == Generation.worker_id)
+            .where(r.id == bindparam("request_id"))
+            .order_by(Generation.submitted_at)
+        )
+        return query.execution_options(populate_existing=True) if fresh else query
+
+    return build
+
+
+_READ, _READ_FRESH = _status(fresh=False), _status(fresh=True)
 
 
 def _finished(g: Generation, worker_name: str) -> FinishedGeneration:
