@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -89,7 +88,8 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     # halves (its generation without its lowered n_remaining, or the reverse).
     rules = horde.rules(now)
     values = {"now": now, "request_id": request_id}
-    rows = (await session.execute(built_once(rules, ("status",), _READ), values)).all()
+    read = built_once(rules, ("status",), _read)
+    rows = (await session.execute(read, values)).all()
     if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
@@ -97,7 +97,8 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
         # first one loaded: another transaction (the sweep) may have lapsed them in between, and
         # jobs kept as first read beside the request's new counters would count one job twice.
         await lapse_expired(session, horde, now, request_id)
-        rows = (await session.execute(built_once(rules, ("status fresh",), _READ_FRESH), values)).all()
+        fresh = {"populate_existing": True}
+        rows = (await session.execute(read, values, execution_options=fresh)).all()
     if not rows:
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]
@@ -121,39 +122,31 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     )
 
 
-def _status(*, fresh: bool) -> Callable[[Rules], Select[Any]]:
+def _read(rules: Rules) -> Select[Any]:
     """The request's counters, what the estimate reads first of it, and its jobs with their
-    workers' names (built once, see `built_once`). `fresh`: the jobs already loaded are refreshed."""
-
-    def build(rules: Rules) -> Select[Any]:
-        r = TextRequest
-        own, start, created, capable = head_columns(r, rules)
-        query = (
-            select(
-                r.state,
-                r.n_remaining,
-                r.restarts,
-                r.kudos_spent,
-                own,
-                start,
-                created,
-                # Asked of the fleet only for a request the estimate will read (CASE is lazy).
-                case((r.state == "waiting", capable), else_=false()),
-                Generation,
-                Worker.name,
-            )
-            .select_from(r)
-            .outerjoin(Generation, and_(Generation.request_id == r.id, Generation.fake.is_(False)))
-            .outerjoin(Worker, Worker.id == Generation.worker_id)
-            .where(r.id == bindparam("request_id"))
-            .order_by(Generation.submitted_at)
+    workers' names (built once, see `built_once`)."""
+    r = TextRequest
+    own, start, created, capable = head_columns(r, rules)
+    return (
+        select(
+            r.state,
+            r.n_remaining,
+            r.restarts,
+            r.kudos_spent,
+            own,
+            start,
+            created,
+            # Asked of the fleet only for a request the estimate will read (CASE is lazy).
+            case((r.state == "waiting", capable), else_=false()),
+            Generation,
+            Worker.name,
         )
-        return query.execution_options(populate_existing=True) if fresh else query
-
-    return build
-
-
-_READ, _READ_FRESH = _status(fresh=False), _status(fresh=True)
+        .select_from(r)
+        .outerjoin(Generation, and_(Generation.request_id == r.id, Generation.fake.is_(False)))
+        .outerjoin(Worker, Worker.id == Generation.worker_id)
+        .where(r.id == bindparam("request_id"))
+        .order_by(Generation.submitted_at)
+    )
 
 
 def _finished(g: Generation, worker_name: str) -> FinishedGeneration:
