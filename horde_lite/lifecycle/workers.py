@@ -18,7 +18,7 @@ from horde_lite.db.models import User, Worker, WorkerModel
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
-from horde_lite.lifecycle.users import authenticate_user, user_id_part
+from horde_lite.lifecycle.users import ANONYMOUS_KEY, authenticate_user, hash_key, user_id_part
 from horde_lite.settings import Settings
 
 # What a new worker name may hold, after Unicode NFKC normalization (which maps full-width and other
@@ -97,18 +97,51 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
 _WORKER_BY_KEY_LOCKED = select(Worker).where(Worker.name_key == bindparam("key")).with_for_update()
 
 
+# The key's user and the named worker's row (locked) in one statement: a pop's common case.
+_OWNER_AND_WORKER = (
+    select(User, Worker)
+    # Joined on the name alone: a worker of another owner is found, and refused by `check_in`.
+    .join_from(User, Worker, Worker.name_key == bindparam("key"))
+    .where(User.api_key_hash == bindparam("digest"))
+    .with_for_update(of=Worker)
+)
+
+
+async def authenticate_worker(
+    session: AsyncSession, apikey: str | None, body: PopInput, now: float
+) -> tuple[User, Worker | None]:
+    """A pop's owner (a registered user's own key) and, when it exists, the worker it names,
+    locked for `check_in`. An existing worker popping with its owner's key takes one statement;
+    anything else (a first pop, another kind of key, no match) takes the general path, which finds
+    the owner or raises, and leaves the worker to `check_in`."""
+    if apikey and apikey != ANONYMOUS_KEY:
+        values = {"digest": hash_key(apikey), "key": worker_name_key(body.name)}
+        found = (await session.execute(_OWNER_AND_WORKER, values)).one_or_none()
+        if found is not None:
+            return found[0], found[1]
+    return await authenticate_user(session, apikey, now), None
+
+
 async def check_in(
-    session: AsyncSession, owner: User, body: PopInput, settings: Settings, now: float
+    session: AsyncSession,
+    owner: User,
+    body: PopInput,
+    settings: Settings,
+    now: float,
+    *,
+    worker: Worker | None = None,
 ) -> Worker:
     """Create the worker on its first pop, else store its new declarations. Raises for a name
-    owned by someone else, and for the anonymous user."""
+    owned by someone else, and for the anonymous user. `worker`: the named worker's row, when the
+    caller has read it locked (`authenticate_worker`)."""
     if owner.anonymous:
         raise HordeError("AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
     # so their model lists never race. A worker is found by its name's key, so "Bob", "bob " and
     # full-width "Bob" are one worker; a name no worker holds yet must pass the name rule.
     key = worker_name_key(body.name)
-    worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
+    if worker is None:
+        worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
     if worker is None:
         name = clean_worker_name(body.name)
         try:
