@@ -8,9 +8,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, case, func, not_, select
+from sqlalchemy import Select, and_, bindparam, case, func, insert, not_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
+from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, TextRequest, User, Worker
 from horde_lite.lifecycle import queue_index
@@ -24,8 +25,7 @@ from horde_lite.lifecycle.eligibility import (
     request_offered,
 )
 from horde_lite.lifecycle.inputs import PopInput
-from horde_lite.lifecycle.users import authenticate_user
-from horde_lite.lifecycle.workers import check_in, effective_speed
+from horde_lite.lifecycle.workers import authenticate_worker, check_in, effective_speed
 from horde_lite.metrics import wait_attributes
 from horde_lite.policies.protocols import Assignment, GateInputs, PopCheck
 from horde_lite.policies.registry import Policies
@@ -34,7 +34,7 @@ from horde_lite.policies.registry import Policies
 @dataclass(frozen=True)
 class Job:
     request: TextRequest
-    generations: list[Generation]
+    generation_ids: list[str]  # one per job taken
     model: str
     ttl: int
 
@@ -45,15 +45,30 @@ class Job:
 POP_PAGE = 32
 
 _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
+# A claimed job's request: its jobs left and its renewed expiry.
+_TAKEN = (
+    update(TextRequest)
+    .where(TextRequest.id == bindparam("request_id"))
+    .values(n_remaining=bindparam("left"), expires_at=bindparam("expires"))
+)
 
 
 def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
-    """The pop's judging statement (built once; see `built_once`): the first of the requests
-    `among` (user ids or request ids) that worker `worker_id` may take, in queue order."""
+    """The pop's judging statement (built once; see `built_once`): the first request that worker
+    `worker_id` may take, in queue order, of those by the users `users` (by "user"), of the
+    requests `ids` (by "id"), or of both, the users' first (by "both": a page of the queue and the
+    preferred users' requests in one statement, both bounded sets read through an index). Its rows
+    are (request, capable): whether a capable worker for it is online, None unless its length
+    is over `capacity` (a fake job's, always None)."""
 
     def build(symbolic: Rules) -> Select[Any]:
         r = TextRequest
-        among = (r.user_id if by == "user" else r.id).in_(bindparam("among", expanding=True))
+        of_users = r.user_id.in_(bindparam("users", expanding=True))
+        of_ids = r.id.in_(bindparam("ids", expanding=True))
+        among = {"user": of_users, "id": of_ids, "both": or_(of_users, of_ids)}[by]
+        order = [r.effective_start, r.created_at, r.id]
+        if by == "both":
+            order.insert(0, case((of_users, 0), else_=1))
         query = (
             select(r)
             .join(_W, _W.id == bindparam("worker_id"))
@@ -62,42 +77,58 @@ def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
                 *request_offered(r, symbolic.now),
                 *eligibility_clauses(_W, r, symbolic, ignore_paused=fake),
             )
-            .order_by(r.effective_start, r.created_at, r.id)
+            .order_by(*order)
             .limit(1)
         )
         if fake:
             # A paused worker's job is a copy from other users' requests; nothing is claimed.
             return query.where(r.user_id != bindparam("owner_id"))
-        return query.with_for_update(of=r, skip_locked=True)
+        # The claimed row with the speed gate's question for its shadow record, asked of that row
+        # alone (outside the sort and the lock) and only when it is over the worker's capacity.
+        claimed = aliased(TextRequest, query.with_for_update(of=r, skip_locked=True).subquery("claimed"))
+        over = claimed.max_length > bindparam("capacity")
+        return select(claimed, case((over, capable_worker_online(claimed, symbolic)), else_=None))
 
     return built_once(rules, ("pop", fake, by), build)
 
 
 async def _candidate(
     session: AsyncSession, horde: Horde, policies: Policies, worker: Worker, now: float, *, fake: bool
-) -> TextRequest | None:
+) -> tuple[TextRequest, bool | None] | None:
     """The first request this worker may take, in queue order: its owner's and priority users'
     requests first, then everyone's by effective start (priority ageing without rewrites).
 
     Both are index-driven: the preferred users' requests through the user index, everyone's by
     walking the queue's index over the worker's models a page at a time (lifecycle/queue_index.py);
-    each candidate page is judged by the one eligibility check and claimed with SKIP LOCKED."""
+    each candidate page is judged by the one eligibility check and claimed with SKIP LOCKED, the
+    first page together with the preferred users' requests (one statement, not two)."""
     rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
-    params: dict[str, Any] = {"now": now, "worker_id": worker.id, "owner_id": worker.owner_id}
+    params: dict[str, Any] = {
+        "now": now, "worker_id": worker.id, "owner_id": worker.owner_id, "capacity": worker.capacity
+    }  # fmt: skip
 
-    async def first(by: str, among: list[Any]) -> TextRequest | None:
+    async def first(by: str, **among: list[Any]) -> tuple[TextRequest, bool | None] | None:
         query = _judged(rules, fake=fake, by=by)
-        return (await session.execute(query, {**params, "among": among})).scalars().first()
+        row = (await session.execute(query, {**params, **among})).first()
+        if row is None:
+            return None
+        return (row[0], None) if fake else (row[0], row[1])
 
-    found = await first("user", [worker.owner_id, *worker.priority_user_ids])
-    if found is not None or worker.maintenance:
-        return found  # a worker in maintenance takes only its owner's requests
+    preferred = [worker.owner_id, *worker.priority_user_ids]
+    if worker.maintenance:
+        return await first("user", users=preferred)  # a worker in maintenance takes only its owner's
+    paged = False
     async for rows in queue_index.walk(
         session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker)
     ):
-        found = await first("id", [row[0] for row in rows])
+        ids = [row[0] for row in rows]
+        # The first page is judged with the preferred users' requests, which go first.
+        found = await (first("id", ids=ids) if paged else first("both", ids=ids, users=preferred))
         if found is not None:
             return found
+        paged = True
+    # An empty walk leaves nothing to ask: a request this worker may take has an entry the walk
+    # reads (the index holds every waiting request under each of its models), its owner's too.
     return None
 
 
@@ -121,20 +152,20 @@ async def _record_assignments(
     worker: Worker,
     request: TextRequest,
     assignments: list[Assignment],
-    over: bool,
+    capable: bool | None,
     now: float,
 ) -> None:
     """The history of real assignments (kept after the request expires, read by `horde-lite
-    whatif`) and, with a candidate speed gate, the jobs it would have refused (decision 0027)."""
+    whatif`) and, with a candidate speed gate, the jobs it would have refused (decision 0027).
+    `capable`: is a capable worker for the request online, asked by the claim of an
+    over-capacity job (only such a job raises the question; every built-in gate passes the
+    others), else None."""
     rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
-    # Only an over-capacity job raises the question (every built-in gate passes the others).
-    capable = await _capable_online(session, rules, request) if over else None
-    records: list[AssignmentRecord | CandidateRecord] = [
-        AssignmentRecord(
-            **dataclasses.asdict(a), at=now, capable_online=capable, speed_gate=policies.names["speed_gate"]
-        )
-        for a in assignments
-    ]
+    gate = policies.names["speed_gate"]
+    shadow = {"at": now, "capable_online": capable, "speed_gate": gate}
+    records = [{**dataclasses.asdict(a), **shadow} for a in assignments]
+    conn = await session.connection()  # Core inserts: nothing reads these rows in this transaction
+    await conn.execute(insert(AssignmentRecord), records)
     candidate = policies.candidate_speed_gate
     if candidate is not None:
 
@@ -147,25 +178,23 @@ async def _record_assignments(
         if asked is None and allows(False) != allows(True):  # the candidate reads it here too
             asked = await _capable_online(session, rules, request)
         if not allows(bool(asked)):
-            records.extend(
-                CandidateRecord(
-                    at=now,
-                    kind="speed_gate",
-                    candidate=policies.names["candidate_speed_gate"],
-                    in_force=policies.names["speed_gate"],
-                    request_id=request.id,
-                    worker_id=worker.id,
-                    worker_trusted=worker.trusted,
-                    is_chat=request.is_chat,
-                    max_length=request.max_length,
-                    capacity=worker.capacity,
-                    capable_online=asked,
-                    decision="assigned",
-                    candidate_decision="refused",
-                )
-                for _ in assignments  # one per job, as the assignment records
-            )
-    session.add_all(records)
+            refused = {
+                "at": now,
+                "kind": "speed_gate",
+                "candidate": policies.names["candidate_speed_gate"],
+                "in_force": policies.names["speed_gate"],
+                "request_id": request.id,
+                "worker_id": worker.id,
+                "worker_trusted": worker.trusted,
+                "is_chat": request.is_chat,
+                "max_length": request.max_length,
+                "capacity": worker.capacity,
+                "capable_online": asked,
+                "decision": "assigned",
+                "candidate_decision": "refused",
+            }
+            # One per job, as the assignment records.
+            await conn.execute(insert(CandidateRecord), [refused for _ in assignments])
 
 
 def _job_model(request: TextRequest, worker: Worker) -> str:
@@ -175,11 +204,14 @@ def _job_model(request: TextRequest, worker: Worker) -> str:
     return next((m for m in request.models if m in served), request.models[0] if request.models else "")
 
 
-async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) -> tuple[Worker, Job | None]:
+async def pop(
+    session: AsyncSession, horde: Horde, owner: User, body: PopInput, *, worker: Worker | None = None
+) -> tuple[Worker, Job | None]:
+    """`worker`: the named worker's row when the caller read it locked with its owner."""
     now = horde.clock.now()
     settings = horde.settings
     policies = horde.policies  # one snapshot: a live switch must not mix two gates in one pop
-    worker = await check_in(session, owner, body, settings, now)
+    worker = await check_in(session, owner, body, settings, now, worker=worker)
     fake = worker.paused
     if not fake:  # a paused worker's pops serve fake jobs, which no metric records
         policies.shadow_metrics.on_pop(
@@ -191,43 +223,45 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 chat_max_completion_tokens=worker.chat_max_completion_tokens,
             ),
         )
-    request = await _candidate(session, horde, policies, worker, now, fake=fake)
-    if request is None:
+    found = await _candidate(session, horde, policies, worker, now, fake=fake)
+    if found is None:
         return worker, None
+    request, capable = found
     count = 1 if fake else min(body.amount, request.n_remaining)
+    # Core statements for the pop's writes: the ORM's unit of work cost more than the statements.
+    conn = await session.connection()
     if not fake:
-        # The row is locked (FOR UPDATE on PostgreSQL, the one writer on SQLite): set it in place.
-        request.n_remaining -= count
-        request.expires_at = now + settings.request.expiry_seconds
+        # The row is locked (FOR UPDATE on PostgreSQL, the one writer on SQLite): set it in place,
+        # and tell the loaded object, which must not write it again.
+        left, expires = request.n_remaining - count, now + settings.request.expiry_seconds
+        await conn.execute(_TAKEN, {"request_id": request.id, "left": left, "expires": expires})
+        set_committed_value(request, "n_remaining", left)
+        set_committed_value(request, "expires_at", expires)
     lease = settings.lease.base_seconds
     model = _job_model(request, worker)
     speed = effective_speed(worker.lease_speed, settings)
     over = request.max_length > worker.capacity
-    generations = [
-        Generation(
-            id=str(uuid.uuid4()),
-            request_id=request.id,
-            worker_id=worker.id,
-            model=model,
-            state="processing",
-            fake=fake,
-            popped_at=now,
-            lease_expires_at=now + lease,
-            over_capacity_at_assignment=over and not fake,
-            capacity_at_assignment=worker.capacity,
-            speed_at_assignment=speed,
-            progress_tool_calls=[],
-        )
-        for _ in range(count)
-    ]
-    session.add_all(generations)
-    await session.flush()
+    generation_ids = [str(uuid.uuid4()) for _ in range(count)]
+    generation = {
+        "request_id": request.id,
+        "worker_id": worker.id,
+        "model": model,
+        "state": "processing",
+        "fake": fake,
+        "popped_at": now,
+        "lease_expires_at": now + lease,
+        "over_capacity_at_assignment": over and not fake,
+        "capacity_at_assignment": worker.capacity,
+        "speed_at_assignment": speed,
+        "progress_tool_calls": [],
+    }
+    await conn.execute(insert(Generation), [{"id": gid, **generation} for gid in generation_ids])
     if not fake:
-        horde.metrics.job_event("popped", request.is_chat, len(generations))
+        horde.metrics.job_event("popped", request.is_chat, count)
         # The shadow record of each job, for the metrics and the stored history alike.
         assignments = [
             Assignment(
-                generation_id=generation.id,
+                generation_id=generation_id,
                 request_id=request.id,
                 worker_id=worker.id,
                 worker_trusted=worker.trusted,
@@ -237,7 +271,7 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 speed=speed,
                 over_capacity=over,
             )
-            for generation in generations
+            for generation_id in generation_ids
         ]
         for assignment in assignments:
             policies.shadow_metrics.on_assignment(horde.metrics, assignment)
@@ -245,9 +279,9 @@ async def pop(session: AsyncSession, horde: Horde, owner: User, body: PopInput) 
                 max(0.0, now - request.created_at),
                 wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
             )
-        await _record_assignments(session, horde, policies, worker, request, assignments, over, now)
+        await _record_assignments(session, horde, policies, worker, request, assignments, capable, now)
         horde.notifier.on_commit(session, request.id, remote=request.waited)
-    return worker, Job(request=request, generations=generations, model=model, ttl=int(lease))
+    return worker, Job(request=request, generation_ids=generation_ids, model=model, ttl=int(lease))
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,13 +308,13 @@ class Popped:
 async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
     """POST /generate/text/pop: authenticate the worker's owner, check the worker in, claim a job."""
     async with horde.transaction() as session:
-        owner = await authenticate_user(session, caller.apikey, horde.clock.now())
-        worker, job = await pop(session, horde, owner, body)
+        owner, named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
+        worker, job = await pop(session, horde, owner, body, worker=named)
         if job is None:
             return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
         request = job.request
         offer = Offer(
-            ids=[g.id for g in job.generations],
+            ids=job.generation_ids,
             model=job.model,
             ttl=job.ttl,
             is_chat=request.is_chat,

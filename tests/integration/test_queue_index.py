@@ -108,6 +108,62 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient) -
     assert request_id == wanted
 
 
+async def test_the_owners_request_behind_a_page_of_others_goes_first(client: HordeClient) -> None:
+    """The first page is judged with the owner's and the priority users' requests, which go first:
+    behind more than a page of takeable requests, the priority user's and the owner's are taken
+    (in queue order among them), then the queue's head."""
+    key = await client.user("owner")
+    friend = await client.user("friend")
+    rich = await client.user("rich", kudos=1_000_000)
+    assert (await client.pop(key, "w", models=["o-7B"])).json()["id"] is None  # the worker exists
+    head = (await client.create(rich, models=["o-7B"], params={"max_length": 16})).json()["id"]
+    client.clock.advance(1)
+    for _ in range(dispatch.POP_PAGE + 3):
+        await client.create(rich, models=["o-7B"], params={"max_length": 16})
+    client.clock.advance(1)
+    theirs = (await client.create(friend, models=["o-7B"], params={"max_length": 16})).json()["id"]
+    client.clock.advance(1)
+    own = (await client.create(key, models=["o-7B"], params={"max_length": 16})).json()["id"]
+    taken = []
+    for _ in range(3):
+        job = (await client.pop(key, "w", models=["o-7B"], priority_usernames=["friend"])).json()
+        [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+        taken.append(request_id)
+    assert taken == [theirs, own, head]
+
+
+async def test_an_existing_workers_found_pop_runs_seven_statements(client: HordeClient) -> None:
+    """Owner and worker in one read, the check-in's update, the queue's page, the claim (with the
+    speed gate's question for an over-capacity job), the request's update, the job and its shadow
+    record: no separate key lookup, capable question or ORM reload."""
+    key = await client.user("owner")
+    rich = await client.user("rich", kudos=1_000_000)
+    worker = {"models": ["s-7B"], "max_length": 2048, "max_context_length": 4096}
+    assert (await client.pop(key, "w", **worker)).json()["id"] is None
+    # Longer than an unmeasured worker's capacity (1200 tokens): the gate's question is asked.
+    created = await client.create(
+        rich, models=["s-7B"], params={"max_length": 2048, "max_context_length": 4096}
+    )
+    assert created.status_code == 202, created.text
+    client.clock.advance(1)
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")):
+            statements.append(statement)
+
+    engine = client.horde.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        job = (await client.pop(key, "w", **worker)).json()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    assert job["id"] is not None
+    [record] = await _rows(client, "SELECT over_capacity, capable_online FROM assignment_records")
+    assert (bool(record[0]), record[1] is not None) == (True, True)
+    assert len(statements) == 7, statements
+
+
 async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> None:
     """A request longer than the worker accepts is never a candidate; one that fits behind it is."""
     key = await client.user("owner")
