@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import (
@@ -147,24 +147,36 @@ def _deny_list(body: TextRequestInput) -> list[str]:
     return list(body.worker_blacklist) if isinstance(body.worker_blacklist, list) else []
 
 
+def _chat_limits_query(by_model: bool) -> Select[tuple[int | None, int | None]]:
+    query = select(
+        func.max(Worker.chat_max_completion_tokens), func.max(Worker.chat_max_context_tokens)
+    ).where(
+        Worker.last_check_in >= bindparam("online_since"),
+        Worker.chat_max_completion_tokens.is_not(None),
+        Worker.paused.is_(False),
+        or_(Worker.maintenance.is_(False), Worker.owner_id == bindparam("requester_id")),
+    )
+    if by_model:
+        models = bindparam("models", expanding=True)
+        served = select(WorkerModel.worker_id).where(WorkerModel.model.in_(models))
+        query = query.where(Worker.id.in_(served))
+    return query
+
+
+# Built once (for any model, and for some): a chat creation reads one of them.
+_CHAT_LIMITS = {by_model: _chat_limits_query(by_model) for by_model in (False, True)}
+
+
 async def chat_limits(
     session: AsyncSession, horde: Horde, models: list[str], now: float, requester_id: int
 ) -> tuple[int | None, int | None]:
     """The largest max_completion_tokens and max_context_tokens declared by online chat workers for
     these models (None: no such worker online). A worker in maintenance counts only for its
     owner's requests, as everywhere."""
-    rules = horde.rules(now)
-    query = select(
-        func.max(Worker.chat_max_completion_tokens), func.max(Worker.chat_max_context_tokens)
-    ).where(
-        Worker.last_check_in >= rules.online_since,
-        Worker.chat_max_completion_tokens.is_not(None),
-        Worker.paused.is_(False),
-        or_(Worker.maintenance.is_(False), Worker.owner_id == requester_id),
-    )
-    if models:
-        query = query.where(Worker.id.in_(select(WorkerModel.worker_id).where(WorkerModel.model.in_(models))))
-    completion, context = (await session.execute(query)).one()
+    values = {"online_since": horde.rules(now).online_since, "requester_id": requester_id, "models": models}
+    if not models:
+        del values["models"]
+    completion, context = (await session.execute(_CHAT_LIMITS[bool(models)], values)).one()
     return completion, context
 
 
@@ -261,16 +273,15 @@ async def chat_spec(
 # --- the decision ------------------------------------------------------------------------------
 
 
+_WAITING_OF_USER = select(func.count(TextRequest.id)).where(
+    TextRequest.user_id == bindparam("user_id"), TextRequest.state == "waiting"
+)
+
+
 async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> None:
     s = horde.settings.request
     limit = s.max_waiting_anonymous if spec.requester.user.anonymous else s.max_waiting_per_user
-    waiting = (
-        await session.execute(
-            select(func.count(TextRequest.id)).where(
-                TextRequest.user_id == spec.requester.user.id, TextRequest.state == "waiting"
-            )
-        )
-    ).scalar_one()
+    waiting = (await session.execute(_WAITING_OF_USER, {"user_id": spec.requester.user.id})).scalar_one()
     if waiting >= limit:
         raise HordeError("TooManyPrompts", f"You already have {waiting} requests waiting (limit {limit}).")
 
