@@ -173,9 +173,9 @@ async def chat_limits(
     """The largest max_completion_tokens and max_context_tokens declared by online chat workers for
     these models (None: no such worker online). A worker in maintenance counts only for its
     owner's requests, as everywhere."""
-    values = {"online_since": horde.rules(now).online_since, "requester_id": requester_id, "models": models}
-    if not models:
-        del values["models"]
+    values: dict[str, Any] = {"online_since": horde.rules(now).online_since, "requester_id": requester_id}
+    if models:
+        values["models"] = models
     completion, context = (await session.execute(_CHAT_LIMITS[bool(models)], values)).one()
     return completion, context
 
