@@ -40,6 +40,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("horde_lite")
 
+# How long a stopping process waits for its detached tasks (a cancel is a few milliseconds; one
+# queued behind SQLite's busy timeout could take longer, and is left to expire instead).
+DRAIN_SECONDS = 10.0
+
 
 class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
     def __init__(self, settings: Settings, clock: Clock | None = None, *, run_sweeper: bool = True) -> None:
@@ -90,6 +94,10 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         try:
             yield
         finally:
+            # Abandons of clients that left as the server stopped finish before the database
+            # closes, or their requests would wait (and hold kudos) until they expire.
+            if left := await horde.drain(within=DRAIN_SECONDS):
+                log.warning("stopping with %d detached database task(s) still running", left)
             await policy_watch.stop()
             if listener is not None:
                 await listener.stop()

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
@@ -14,6 +17,8 @@ from horde_lite.lifecycle.notify import Notifier
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import Policies
 from horde_lite.settings import Settings
+
+log = logging.getLogger("horde_lite")
 
 
 @dataclass
@@ -25,6 +30,7 @@ class Horde:
     engine: AsyncEngine
     sessionmaker: async_sessionmaker[AsyncSession]
     notifier: Notifier = field(default_factory=lambda: Notifier())
+    _detached: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
 
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)
@@ -35,6 +41,27 @@ class Horde:
         refused request leaves nothing behind). Lifecycle entry points open their own."""
         async with self.sessionmaker() as session, session.begin():
             yield session
+
+    def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        """Run `work` in a task of its own: a caller cancelled while it waits (the client's
+        connection torn down, the server stopping) cannot cut its transaction in half, and a
+        cancelled database call in mid-statement can leave a connection the engine never closes.
+        The app waits for these tasks (`drain`) before it closes the database."""
+        task = asyncio.get_running_loop().create_task(work, name=what)
+        self._detached.add(task)
+        task.add_done_callback(self._finished)
+        return task
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        self._detached.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.warning("%s failed: %r", task.get_name(), error)  # its caller may be gone
+
+    async def drain(self, within: float) -> int:
+        """Wait up to `within` seconds for the detached tasks; how many are still running."""
+        if self._detached:
+            await asyncio.wait(set(self._detached), timeout=within)
+        return len(self._detached)
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 from sqlalchemy import and_, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
@@ -144,7 +145,18 @@ async def queue(
 
 async def abandon(horde: Horde, request_id: str) -> None:
     """The client went away (or the front gave up): cancel what has not been handed out and flag
-    running jobs, so the worker's next progress answer says `cancel: true`."""
+    running jobs, so the worker's next progress answer says `cancel: true`.
+
+    It is called as the caller is being cancelled. The shielded scope makes the caller wait for it
+    through the cancel scopes of Litestar and anyio (a stream's disconnect); the detached task
+    (`Horde.detach`) keeps a task's own cancellation, which a shield does not stop, from cutting
+    the cancel off midway."""
+    task = horde.detach(_cancel(horde, request_id), f"abandon request={request_id}")
+    with anyio.CancelScope(shield=True):
+        await asyncio.shield(task)
+
+
+async def _cancel(horde: Horde, request_id: str) -> None:
     try:
         async with horde.transaction() as session:
             await status_rules.cancel(session, horde, request_id)

@@ -24,6 +24,7 @@ from horde_lite.lifecycle.waiting import Delta, Final, Waiter
 from horde_lite.settings import Settings
 from tests.support.chat import (
     MODEL,
+    PATIENCE,
     Chat,
     ChatWorker,
     gather_stream,
@@ -205,6 +206,30 @@ async def test_client_leaving_before_assignment_cancels_the_request(chat: Chat) 
     assert (await chat.request(request.id)).state == "cancelled"
     assert await chat.active_holds() == 0
     assert (await worker.pop())["id"] is None
+
+
+async def test_a_waiting_call_cancelled_twice_still_cancels_its_request(chat: Chat) -> None:
+    """A stopping server cancels a waiting call, and its event loop's teardown may cancel it again
+    while it is cancelling its request: the request is cancelled all the same (the abandon runs in
+    a task of its own, which the app waits for before it closes the database)."""
+    key = await chat.hc.user("owner", kudos=100_000)
+    big = {"max_completion_tokens": 8192, "max_context_tokens": 16384, "features": [], "image_transports": []}
+    worker = chat.worker(key, "w1", chat=big)
+    await worker.pop()
+    asking = await in_background(
+        chat.openai(key).chat.completions.create(model=MODEL, messages=HI, max_tokens=8000)
+    )
+    request = await chat.until_request()
+    assert await chat.active_holds() == 1
+    (handler,) = chat.handlers()
+    handler.cancel()
+    await asyncio.sleep(0)  # the call starts cancelling its request
+    handler.cancel()
+    with contextlib.suppress(asyncio.CancelledError, openai.APIError):
+        await settled(asking)
+    assert await chat.horde.drain(within=PATIENCE) == 0
+    assert (await chat.request(request.id)).state == "cancelled"
+    assert await chat.active_holds() == 0
 
 
 async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -> None:

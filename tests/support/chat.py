@@ -182,6 +182,11 @@ class Chat:
     app: Litestar
     http: httpx.AsyncClient
     hc: HordeClient
+    transport: StreamingASGITransport
+
+    def handlers(self) -> set[asyncio.Task[None]]:
+        """The app's calls still running (each a task, as a server runs them)."""
+        return set(self.transport.tasks)
 
     @property
     def horde(self) -> Horde:
@@ -257,7 +262,7 @@ async def open_chat(settings: Settings, clock: ManualClock) -> AsyncIterator[Cha
     transport = StreamingASGITransport(app)
     try:
         async with httpx.AsyncClient(transport=transport, base_url=BASE, timeout=60) as http:
-            yield Chat(app, http, HordeClient(http, app.state.horde))  # type: ignore[arg-type]
+            yield Chat(app, http, HordeClient(http, app.state.horde), transport)  # type: ignore[arg-type]
     finally:
         await transport.aclose()
         stop.set()

@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import anyio
 import msgspec
 from litestar import Request, Response
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
@@ -117,8 +116,7 @@ async def _unless_client_leaves(request: Req, horde: Horde, front: FrontRequest,
     except asyncio.CancelledError:  # the server is stopping or the connection was torn down
         task.cancel()
         watcher.cancel()
-        with anyio.CancelScope(shield=True):
-            await waiting.abandon(horde, front.request_id)
+        await waiting.abandon(horde, front.request_id)
         raise
     finally:
         for pending in (task, watcher):
@@ -129,8 +127,7 @@ async def _unless_client_leaves(request: Req, horde: Horde, front: FrontRequest,
     if task.done() and not task.cancelled():
         return task.result()
     log.info("client left before its answer request=%s", front.request_id)
-    with anyio.CancelScope(shield=True):
-        await waiting.abandon(horde, front.request_id)
+    await waiting.abandon(horde, front.request_id)
     raise HordeError("ClientDisconnected", "The client closed the connection; the request was cancelled.")
 
 
@@ -167,8 +164,7 @@ async def _events(
     finally:
         waiter.close()
         if not finished:  # the client went away mid-stream (or the server hit an error)
-            with anyio.CancelScope(shield=True):
-                await waiting.abandon(horde, front.request_id)
+            await waiting.abandon(horde, front.request_id)
 
 
 @dataclass
