@@ -3,7 +3,7 @@ decision, the hold, the insert and the commit) takes with 100, 1,000 and 10,000 
 500 workers, on SQLite and PostgreSQL.
 
     .venv/bin/python -m bench.admission --db both
-    .venv/bin/python -m bench.admission --db postgresql --sizes 10000 --samples 100 --explain
+    .venv/bin/python -m bench.admission --db postgresql --sizes 10000 --samples 100
 
 The fixture (users, a fleet over ~50 models, the queue) is bulk-inserted with SQLAlchemy core
 inserts; that is set-up, timed separately, not what is measured. Each measured creation is one
@@ -48,7 +48,7 @@ from horde_lite.db.models import (
 )
 from horde_lite.lifecycle import admission
 from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.estimate import estimate
+from horde_lite.lifecycle.estimate import estimate_request
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
 from horde_lite.lifecycle.queue_index import entry_rows
 from horde_lite.lifecycle.users import ANONYMOUS_KEY, Requester, hash_key
@@ -343,7 +343,7 @@ async def time_estimate(horde: Horde, rng: random.Random, samples: int) -> list[
     for request_id in rng.sample(ids, min(samples, len(ids))):
         started = time.perf_counter()
         async with horde.sessionmaker() as session:
-            await estimate(session, request_id, horde.rules(horde.clock.now()))
+            await estimate_request(horde, session, request_id, horde.rules(horde.clock.now()))
         out.append(time.perf_counter() - started)
     return out
 
@@ -380,6 +380,13 @@ def fresh_database(kind: str, pg_url: str, tmp: Path) -> str:
     return url
 
 
+async def close(horde: Horde) -> None:
+    """What the app's shutdown does: the metrics, the copy of the queue's connection, the engine."""
+    horde.metrics.shutdown()
+    await horde.mirror.close()
+    await horde.engine.dispose()
+
+
 def horde_for(url: str) -> Horde:
     settings = msgspec.convert({"database": {"url": url}}, Settings)
     engine = make_engine(url)
@@ -414,40 +421,7 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
-async def explain(horde: Horde, rng: random.Random, fixture: Fixture) -> None:
-    """EXPLAIN ANALYZE of the estimate's two queries for one queued request (PostgreSQL)."""
-    from sqlalchemy.dialects import postgresql
-
-    import horde_lite.lifecycle.estimate as est_module
-
-    captured: list[Any] = []
-
-    class Capture:
-        def __init__(self, session: Any) -> None:
-            self.session = session
-
-        async def execute(self, statement: Any, *args: Any, **kw: Any) -> Any:
-            captured.append(statement.params(**args[0]) if args else statement)
-            return await self.session.execute(statement, *args, **kw)
-
-    async with horde.sessionmaker() as session:
-        request_id = (
-            await session.execute(
-                select(TextRequest.id).order_by(TextRequest.effective_start.desc()).limit(1)
-            )
-        ).scalar_one()
-        await est_module.estimate(Capture(session), request_id, horde.rules(horde.clock.now()))  # type: ignore[arg-type]
-        for statement in captured:
-            compiled = statement.compile(
-                dialect=postgresql.dialect(),
-                compile_kwargs={"literal_binds": True, "render_postcompile": True},
-            )
-            plan = await session.execute(text(f"EXPLAIN (ANALYZE, BUFFERS) {compiled}"))
-            print("\n".join(r[0] for r in plan.all()))
-            print("-" * 100)
-
-
-async def run_size(kind: str, url: str, queued: int, samples: int, seed: int, do_explain: bool) -> Row:
+async def run_size(kind: str, url: str, queued: int, samples: int, seed: int) -> Row:
     horde = horde_for(url)
     rng = random.Random(seed)
     try:
@@ -467,14 +441,11 @@ async def run_size(kind: str, url: str, queued: int, samples: int, seed: int, do
             else:
                 refused += 1
         est_times = await time_estimate(horde, rng, min(samples, 100))
-        if do_explain and kind == "postgresql":
-            await explain(horde, rng, fixture)
         ms = [t * 1000 for t in times]
         return Row(kind, queued, build_s, samples, pct(ms, 0.5), pct(ms, 0.95), statistics.fmean(ms), refused,
                    pct([t * 1000 for t in est_times], 0.5))  # fmt: skip
     finally:
-        horde.metrics.shutdown()
-        await horde.engine.dispose()
+        await close(horde)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -484,7 +455,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--samples", type=int, default=200, help="measured creations per size")
     parser.add_argument("--pg-url", default=DEFAULT_PG, help=f"a server to create {BENCH_PG_DB} on")
     parser.add_argument("--seed", type=int, default=20261130)
-    parser.add_argument("--explain", action="store_true", help="print EXPLAIN ANALYZE of the estimate (PG)")
     args = parser.parse_args(argv)
     kinds = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     rows: list[Row] = []
@@ -492,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in kinds:
             for queued in args.sizes:
                 url = fresh_database(kind, args.pg_url, Path(tmp))
-                row = asyncio.run(run_size(kind, url, queued, args.samples, args.seed, args.explain))
+                row = asyncio.run(run_size(kind, url, queued, args.samples, args.seed))
                 rows.append(row)
                 print(f"{kind} {queued}: p50 {row.p50:.1f} ms", file=sys.stderr, flush=True)
     print(f"\nRequest creation (admit + commit), {WORKERS} workers over {MODELS} models\n")

@@ -41,6 +41,7 @@ from bench.admission import (
     DEFAULT_PG,
     Fixture,
     build,
+    close,
     fresh_database,
     horde_for,
     insert_users,
@@ -266,9 +267,12 @@ async def plans(horde: BenchHorde, rng: random.Random, fixture: Fixture, path: P
 
     report: list[str] = []
     seq: list[str] = []
+    # The app's engine, and the one of the copy of the queue the estimate reads (its catch-up).
+    engines = [e.sync_engine for e in (horde.engine, horde.mirror.engine) if e is not None]
 
     async def explain_all(label: str, session: AsyncSession) -> None:
-        event.remove(horde.engine.sync_engine, "before_cursor_execute", capture)
+        for engine in engines:
+            event.remove(engine, "before_cursor_execute", capture)
         driver = (await (await session.connection()).get_raw_connection()).driver_connection
         for n, (statement, parameters) in enumerate(captured):
             name = f"{label} #{n + 1}"
@@ -301,7 +305,8 @@ async def plans(horde: BenchHorde, rng: random.Random, fixture: Fixture, path: P
             ("creation", lambda: request_text(horde, Caller(apikey="perf-key-0"), _plan_request(fixture))),
             ("status (back of the queue)", lambda: status.read(horde, last)),
         ):
-            event.listen(horde.engine.sync_engine, "before_cursor_execute", capture)
+            for engine in engines:
+                event.listen(engine, "before_cursor_execute", capture)
 
             async def on_end(session: AsyncSession, label: str = label) -> None:
                 await explain_all(label, session)
@@ -312,8 +317,9 @@ async def plans(horde: BenchHorde, rng: random.Random, fixture: Fixture, path: P
     finally:
         horde.on_end = None
         horde.rollback = False
-        if event.contains(horde.engine.sync_engine, "before_cursor_execute", capture):
-            event.remove(horde.engine.sync_engine, "before_cursor_execute", capture)
+        for engine in engines:
+            if event.contains(engine, "before_cursor_execute", capture):
+                event.remove(engine, "before_cursor_execute", capture)
     await asyncio.to_thread(path.write_text, "\n".join(report))
     return seq
 
@@ -348,8 +354,7 @@ async def run_size(kind: str, url: str, size: int, samples: int, seed: int, plan
                 "ops": [dataclasses.asdict(o) for o in ops], "plans": str(plan_path) if plan_path else None,
                 "seq_scans_of_text_requests": seq}  # fmt: skip
     finally:
-        horde.metrics.shutdown()
-        await horde.engine.dispose()
+        await close(horde)
 
 
 def fmt(v: float | None) -> str:

@@ -105,6 +105,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sweeper
+            await horde.mirror.close()
             horde.metrics.shutdown()
             await engine.dispose()
 

@@ -39,7 +39,12 @@ def _default_directory(url: str) -> None:
         Path(make_url(url).database or "").parent.mkdir(parents=True, exist_ok=True)
 
 
-def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> AsyncEngine:
+def make_engine(
+    url: str, echo: bool = False, *, null_pool: bool = False, reader: bool = False
+) -> AsyncEngine:
+    """The app's engine; `reader`: one connection for a process's copy of the queue and the fleet
+    (lifecycle/mirror.py), which only reads, each statement on its own (autocommit): on SQLite it
+    must not take the write lock that the transaction waiting on it holds."""
     kwargs: dict[str, Any] = {"echo": echo}
     _default_directory(url)
     if is_sqlite(url):
@@ -50,7 +55,7 @@ def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> Asy
         # Connections kept open cover the concurrent transactions of a busy process: an overflow
         # connection is closed when returned, so under steady load a small pool opened and closed
         # one per few requests (asyncpg's connect and statement preparation, SQLite's pragmas).
-        size, overflow = POOL["sqlite" if is_sqlite(url) else "postgresql"]
+        size, overflow = (1, 0) if reader else POOL["sqlite" if is_sqlite(url) else "postgresql"]
         kwargs.update(pool_size=size, max_overflow=overflow)
         if not is_sqlite(url):
             kwargs["pool_pre_ping"] = True
@@ -59,9 +64,11 @@ def make_engine(url: str, echo: bool = False, *, null_pool: bool = False) -> Asy
         # compilation (jit_above_cost) on every wait estimate: seconds of LLVM work for a query
         # that runs in milliseconds (bench/README.md). Short OLTP queries never gain from JIT.
         kwargs["connect_args"] = {"server_settings": {"jit": "off"}}
+    if reader:
+        kwargs["isolation_level"] = "AUTOCOMMIT"
     engine = create_async_engine(url, **kwargs)
     if is_sqlite(url):
-        _sqlite_pragmas(engine)
+        _sqlite_pragmas(engine, begin_immediate=not reader)
     elif engine.dialect.driver == "asyncpg":
         engine.dialect.do_ping = _ping_once  # type: ignore[method-assign]
     return engine
@@ -79,7 +86,7 @@ def _ping_once(dbapi_connection: Any) -> bool:
     return True
 
 
-def _sqlite_pragmas(engine: AsyncEngine) -> None:
+def _sqlite_pragmas(engine: AsyncEngine, *, begin_immediate: bool = True) -> None:
     @event.listens_for(engine.sync_engine, "connect")
     def _on_connect(dbapi_connection: Any, _record: Any) -> None:
         # Let SQLAlchemy, not the sqlite3 module, decide when transactions begin.
@@ -90,6 +97,9 @@ def _sqlite_pragmas(engine: AsyncEngine) -> None:
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
         cursor.close()
+
+    if not begin_immediate:
+        return
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:

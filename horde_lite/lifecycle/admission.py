@@ -25,7 +25,7 @@ from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals
+from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals, queued_row
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
 from horde_lite.lifecycle.users import Requester, authenticate, check_shared_key
 from horde_lite.metrics import allowance_attributes, wait_attributes
@@ -409,7 +409,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     row = await _insert(session, horde, spec, now)
     await session.flush()
     rules = Rules.from_settings(settings, policies.speed_gate, now)
-    est = await estimate(session, row.id, rules)
+    est = await estimate(horde, queued_row(row), rules)
     # A candidate curve is judged in shadow beside the one in force (never for a dry run).
     candidate = None if spec.dry_run else policies.candidate_allowance_curve
     # Horde-wide totals cost a scan of the queue: read them only for a curve that asks.

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
 from horde_lite.lifecycle.eligibility import Rules
+from horde_lite.lifecycle.mirror import QueueMirror
 from horde_lite.lifecycle.notify import Notifier
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import Policies
@@ -31,6 +32,12 @@ class Horde:
     sessionmaker: async_sessionmaker[AsyncSession]
     notifier: Notifier = field(default_factory=lambda: Notifier())
     _detached: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    # The queue and the fleet as the wait estimate reads them (made from the settings unless given).
+    mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        if self.mirror is None:
+            self.mirror = QueueMirror(self.settings)
 
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)

@@ -11,6 +11,7 @@ from typing import TypeVar
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
 from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
@@ -151,4 +152,5 @@ async def sweep(horde: Horde) -> tuple[int, int]:
     async with horde.sessionmaker() as session, session.begin():
         lapsed = await lapse_expired(session, horde, now)
         expired = await expire_requests(session, horde, now)
+        await change_log.prune(session)  # the notes every process has read by now
     return lapsed, expired

@@ -5,15 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, case, false, select
+from sqlalchemy import Select, and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.eligibility import Rules, built_once
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.estimate import estimate, head_columns
+from horde_lite.lifecycle.estimate import HEAD_WIDTH, estimate, head_columns, queued
 from horde_lite.lifecycle.lease import lapse_expired, lease_ran_out
 from horde_lite.lifecycle.settlement import maybe_finish
 
@@ -86,10 +85,8 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     # of the request, which saves it a statement), so they come from one snapshot: under
     # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
     # halves (its generation without its lowered n_remaining, or the reverse).
-    rules = horde.rules(now)
-    values = {"now": now, "request_id": request_id}
-    read = built_once(rules, ("status",), _read)
-    rows = (await session.execute(read, values)).all()
+    values = {"request_id": request_id}
+    rows = (await session.execute(_READ, values)).all()
     if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
@@ -98,7 +95,7 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
         # jobs kept as first read beside the request's new counters would count one job twice.
         await lapse_expired(session, horde, now, request_id)
         fresh = {"populate_existing": True}
-        rows = (await session.execute(read, values, execution_options=fresh)).all()
+        rows = (await session.execute(_READ, values, execution_options=fresh)).all()
     if not rows:
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]
@@ -106,7 +103,8 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     finished = [(g, name) for g, name in jobs if g.state in FINISHED]
     processing = sum(1 for g, _ in jobs if g.state == "processing")
     waiting = n_remaining if state == "waiting" else 0
-    est = await estimate(session, request_id, rules, head=rows[0][4:8]) if waiting else None
+    head = rows[0][4 : 4 + HEAD_WIDTH]
+    est = await estimate(horde, queued(request_id, head), horde.rules(now)) if waiting else None
     return RequestStatus(
         finished=len(finished),
         processing=processing,
@@ -122,31 +120,21 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     )
 
 
-def _read(rules: Rules) -> Select[Any]:
-    """The request's counters, what the estimate reads first of it, and its jobs with their
-    workers' names (built once, see `built_once`)."""
+def _read() -> Select[Any]:
+    """The request's counters, what the estimate reads of it, and its jobs with their workers'
+    names."""
     r = TextRequest
-    own, start, created, capable = head_columns(r, rules)
     return (
-        select(
-            r.state,
-            r.n_remaining,
-            r.restarts,
-            r.kudos_spent,
-            own,
-            start,
-            created,
-            # Asked of the fleet only for a request the estimate will read (CASE is lazy).
-            case((r.state == "waiting", capable), else_=false()),
-            Generation,
-            Worker.name,
-        )
+        select(r.state, r.n_remaining, r.restarts, r.kudos_spent, *head_columns(r), Generation, Worker.name)
         .select_from(r)
         .outerjoin(Generation, and_(Generation.request_id == r.id, Generation.fake.is_(False)))
         .outerjoin(Worker, Worker.id == Generation.worker_id)
         .where(r.id == bindparam("request_id"))
         .order_by(Generation.submitted_at)
     )
+
+
+_READ = _read()
 
 
 def _finished(g: Generation, worker_name: str) -> FinishedGeneration:

@@ -35,7 +35,7 @@ from horde_lite.lifecycle.eligibility import (
     request_facts,
     worker_facts,
 )
-from horde_lite.lifecycle.estimate import Estimate, estimate
+from horde_lite.lifecycle.estimate import Estimate, estimate_request
 from horde_lite.lifecycle.inputs import ChatBlock, PopInput
 from horde_lite.lifecycle.workers import capacity_for, worker_name_key
 from tests.support.horde import ANON, HordeClient
@@ -91,7 +91,7 @@ async def create_chat(
 async def estimate_of(client: HordeClient, request_id: str) -> Estimate:
     horde = client.horde
     async with horde.sessionmaker() as session:
-        return await estimate(session, request_id, horde.rules(horde.clock.now()))
+        return await estimate_request(horde, session, request_id, horde.rules(horde.clock.now()))
 
 
 async def status_of(client: HordeClient, request_id: str) -> dict[str, Any]:

@@ -18,9 +18,15 @@ if TYPE_CHECKING:
 config: AlembicCommandConfig = context.config  # type: ignore[assignment]
 
 
+def _include_name(name: str | None, type_: str, parent_names: object) -> bool:
+    # The change log is written by triggers, not by the models (horde_lite/db/change_log.py).
+    return not (type_ == "table" and name == "change_log")
+
+
 def _configure(**kwargs: object) -> None:
     context.configure(
         target_metadata=Base.metadata,
+        include_name=_include_name,
         compare_type=config.compare_type,
         version_table=config.version_table_name,
         render_as_batch=config.render_as_batch,
