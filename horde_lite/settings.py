@@ -113,6 +113,12 @@ class WorkerSettings(_Table):
     # A request with `slow_workers: false` skips workers slower than this (upstream's text rule).
     slow_tokens_per_second: float = 2.0
 
+    def __post_init__(self) -> None:
+        # The change log notes a check-in that jumps by more than 5 s (a worker coming back): a
+        # worker must not go offline sooner (migration 0009, horde_lite/db/change_log.py).
+        if self.online_seconds <= 5:
+            raise ValueError("[worker] online_seconds must be > 5")
+
 
 class RequestSettings(_Table):
     expiry_seconds: float = 1200

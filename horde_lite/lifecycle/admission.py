@@ -337,7 +337,9 @@ def _too_long(what: str, most: int, asked: int) -> str:
     return f"online workers for {what} declare at most {most} tokens; this request asks {asked}"
 
 
-async def _insert(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
+def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
+    """The request's row as it would be queued, not yet in the session: the estimate reads it as
+    it is, and a refusal or a dry run never writes it."""
     request_id = str(uuid.uuid4())
     priority = max(spec.requester.user.kudos, 0.0)
     row = TextRequest(
@@ -375,16 +377,23 @@ async def _insert(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now:
         context_adjustments=spec.context_adjustments,
         client_agent=spec.client_agent[:255],
     )
+    return row
+
+
+async def _insert(session: AsyncSession, row: TextRequest) -> None:
+    """Queue the admitted request: its row, its models and its entries in the queue's index."""
     session.add(row)
     await session.flush()  # the model rows reference it
-    session.add_all(RequestModel(request_id=request_id, model=m) for m in spec.models)
-    return row
+    session.add_all(RequestModel(request_id=row.id, model=m) for m in row.models)
+    await queue_index.enter(session, row)
 
 
 async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Admission:
     """Decide and (unless a dry run) queue. Raises HordeError for a refusal; the caller's
     transaction is rolled back then, so a refused request leaves no row and no hold."""
     now = horde.clock.now()
+    # The estimate's copy of the queue catches up on its own connection while this one works.
+    caught_up = horde.mirror.catch_up(now)
     settings = horde.settings
     policies = horde.policies  # one snapshot: a live switch must not mix two curves in one decision
     if spec.requester.shared_key is not None:
@@ -406,10 +415,9 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
             key_left = shared.kudos - shared.utilized - reserved
     await _too_many(session, horde, spec)
     cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
-    row = await _insert(session, horde, spec, now)
-    await session.flush()
+    row = _new_row(horde, spec, now)
     rules = Rules.from_settings(settings, policies.speed_gate, now)
-    est = await estimate(horde, queued_row(row), rules)
+    est = await estimate(horde, queued_row(row), rules, caught_up)
     # A candidate curve is judged in shadow beside the one in force (never for a dry run).
     candidate = None if spec.dry_run else policies.candidate_allowance_curve
     # Horde-wide totals cost a scan of the queue: read them only for a curve that asks.
@@ -418,7 +426,10 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         for curve in (policies.allowance_curve, candidate)
         if curve is not None
     )
-    threads, queued = await horde_totals(session, rules) if totals_read else (0, 0)
+    threads, queued = 0, 0
+    if totals_read:
+        threads, queued = await horde_totals(session, rules)
+        queued += 1  # the request being admitted (written once decided) counts among them
     inputs = AllowanceInputs(
         estimated_wait_seconds=est.estimated_wait,
         competing_jobs=est.competing_jobs,
@@ -495,29 +506,30 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         # A free request through a key still spends the key's budget when its jobs are charged:
         # it must fit what is left, and reserves it so concurrent requests cannot overspend.
         check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
-    if not spec.dry_run:  # a dry run is rolled back: nothing walks the queue before that
-        await queue_index.enter(session, row)
+    adjustments = list(row.context_adjustments)
+    if spec.dry_run:  # judged like the real request; nothing is written
+        return Admission(None, cost, outcome, allowance, applied, est, adjustments, warnings)
+    await _insert(session, row)
     if outcome == "funded" or requester.shared_key is not None:
         await kudos.place_hold(
             session, requester.user.id, row.id, cost, now,
             shared_key_hash=requester.shared_key.key_hash if requester.shared_key else None,
             reserves_user=outcome == "funded",
         )  # fmt: skip
-    if not spec.dry_run:
-        _record(session, horde, spec, judged, row.id, now)
-        log.info(
-            "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
-            row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
-        )  # fmt: skip
+    _record(session, horde, spec, judged, row.id, now)
+    log.info(
+        "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
+        row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
+    )  # fmt: skip
     await session.flush()
     return Admission(
-        request_id=None if spec.dry_run else row.id,
+        request_id=row.id,
         kudos=cost,
         outcome=outcome,
         allowance=allowance,
         max_length=applied,
         estimate=est,
-        context_adjustments=list(row.context_adjustments),
+        context_adjustments=adjustments,
         warnings=warnings,
     )
 

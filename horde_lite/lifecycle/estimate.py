@@ -7,6 +7,7 @@ competing work / the eligible workers' combined lease speed.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -74,13 +75,16 @@ def queued_row(row: TextRequest) -> Queued:
     )
 
 
-async def estimate(horde: Horde, r: Queued, rules: Rules) -> Estimate:
+async def estimate(
+    horde: Horde, r: Queued, rules: Rules, started: asyncio.Task[None] | None = None
+) -> Estimate:
     """R's eligible workers and the competing work ahead of R, read from this process's copy of the
     queue and the fleet (lifecycle/mirror.py) once it has caught up with every commit made before
-    this call. The walk stops at R, or once the work counted would keep R's eligible workers busy
+    this call (or since `started`, a catch-up the caller began earlier: `horde.mirror.catch_up`).
+    The walk stops at R, or once the work counted would keep R's eligible workers busy
     for the horizon (`[allowance] estimate_horizon_seconds`): a longer wait changes no allowance,
     and past it the figures are lower bounds."""
-    mirror = await horde.mirror.current(rules.now)
+    mirror = await horde.mirror.current(rules.now, started)
     found = mirror.estimate(r, rules)
     return Estimate(
         found.eligible_workers,

@@ -134,6 +134,7 @@ class Fleet:
         self.limits_epoch = 0  # bumped when either list of limits changes
         self.check_in_epoch = 0  # bumped when a check-in is read
         self._online: tuple[int, int, float, float, int] | None = None
+        self._aging: tuple[int, int, float] | None = None
 
     def apply(self, worker_id: str, row: Sequence[Any] | None) -> None:
         """A worker's current row (`WORKER_COLUMNS` after the id), or None when it is gone."""
@@ -227,7 +228,7 @@ class Fleet:
         self._online = None
 
     def _set_check_in(self, slot: int, at: float) -> None:
-        if self.check_in[slot] != at:
+        if self.check_in[slot] != at or slot in self.offline_known:
             self.check_in[slot] = at
             self.check_in_epoch += 1
             self._online = None
@@ -242,16 +243,28 @@ class Fleet:
             self._set_check_in(slot, at)
             if at < now - online_seconds:
                 self.offline_known.add(slot)
+                self.check_in_epoch += 1
 
     def aging(self, now: float, online_seconds: float) -> list[str]:
         """Workers this copy would take for offline at `now` without knowing they are: their
-        check-in was read long enough ago that unnoted check-ins may have followed."""
+        check-in was read long enough ago that unnoted check-ins may have followed. (None until
+        the first check-in read ages: the answer is kept until then.)"""
+        cached = self._aging
+        if cached is not None and cached[:2] == (self.version, self.check_in_epoch) and now < cached[2]:
+            return []
         since = now - online_seconds
-        ids = [wid for wid, slot in self.slot_of.items() if self.check_in[slot] < since]
-        return [wid for wid in ids if self.slot_of[wid] not in self.offline_known and self._present(wid)]
-
-    def _present(self, worker_id: str) -> bool:
-        return self.facts[self.slot_of[worker_id]] is not None
+        out: list[str] = []
+        earliest = math.inf
+        for worker_id, slot in self.slot_of.items():
+            if self.facts[slot] is None or slot in self.offline_known:
+                continue
+            at = self.check_in[slot]
+            if at < since:
+                out.append(worker_id)
+            else:
+                earliest = min(earliest, at)
+        self._aging = None if out else (self.version, self.check_in_epoch, earliest + online_seconds)
+        return out
 
     def changed_since(self, version: int) -> set[int] | None:
         """The slots changed after `version`; None when too many (or no longer listed)."""
@@ -397,7 +410,8 @@ class QueueMirror:
         self.url = settings.database.url
         self._engine: AsyncEngine | None = None
         self._conn: AsyncConnection | None = None
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # where the copy reads (the app's)
+        self._tasks: set[asyncio.Task[None]] = set()
         self._lock = asyncio.Lock()
         self._asked = 0  # sync requests so far
         self._served = 0  # every request up to this one is covered by a finished sync
@@ -419,15 +433,29 @@ class QueueMirror:
 
     # --- reading the database ------------------------------------------------------------------
 
-    async def current(self, now: float) -> QueueMirror:
-        """Caught up with every commit made before this call (by any process), at clock `now`.
+    def catch_up(self, now: float) -> asyncio.Task[None]:
+        """Start catching up with every commit made before this call (by any process), at clock
+        `now`; `current` waits for it. A caller may start it early and do its own reads meanwhile.
 
         The read runs in a task of its own: a caller cancelled meanwhile (its client left) must
         not cut it off halfway, with the connection in mid-statement."""
         self._asked += 1
-        task = asyncio.get_running_loop().create_task(self._sync(self._asked, now))
-        task.add_done_callback(_retrieve)
-        await asyncio.shield(task)
+        loop = asyncio.get_running_loop()
+        self._loop = self._loop or loop
+        task = loop.create_task(self._sync(self._asked, now))
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        """A read whose caller left still ends here: its failure is logged, not left unretrieved."""
+        self._tasks.discard(task)
+        if not task.cancelled() and (error := task.exception()) is not None:
+            log.debug("mirror read failed: %r", error)
+
+    async def current(self, now: float, started: asyncio.Task[None] | None = None) -> QueueMirror:
+        """The copy, caught up (by `started`, from `catch_up`, or now)."""
+        await asyncio.shield(started or self.catch_up(now))
         return self
 
     async def _sync(self, ticket: int, now: float) -> None:
@@ -452,9 +480,8 @@ class QueueMirror:
                 async with self._engine.connect() as conn:
                     yield conn
                 return
-            loop = asyncio.get_running_loop()
-            if self._conn is None or self._loop is not loop:
-                self._conn, self._loop = await self._engine.connect(), loop
+            if self._conn is None:
+                self._conn = await self._engine.connect()
             yield self._conn
         except Exception:
             await self._drop_connection()
@@ -462,7 +489,7 @@ class QueueMirror:
 
     async def _drop_connection(self) -> None:
         conn, self._conn = self._conn, None
-        if conn is not None and self._loop is asyncio.get_running_loop():
+        if conn is not None:
             try:
                 await conn.close()
             except Exception:  # already broken
@@ -559,9 +586,14 @@ class QueueMirror:
         return self._engine
 
     async def close(self) -> None:
-        """At shutdown. From another event loop than the reads' (a test harness's lifespan), the
-        connection is left to its own loop."""
-        async with self._lock:  # after the read under way, if any
+        """At shutdown, after the reads under way. Called from another event loop than the reads'
+        (a test harness runs an app's lifespan in a thread of its own), it leaves the copy's
+        connection and reads to their loop: nothing of asyncio crosses loops."""
+        if self._loop is not None and self._loop is not asyncio.get_running_loop():
+            return
+        if self._tasks:
+            await asyncio.wait(set(self._tasks), timeout=10)
+        async with self._lock:
             await self._drop_connection()
             if self._engine is not None:
                 await self._engine.dispose()
@@ -746,12 +778,6 @@ class QueueMirror:
         if len(lists) == 1:
             return iter(lists[0])
         return heapq.merge(*lists)
-
-
-def _retrieve(task: asyncio.Task[None]) -> None:
-    """A read whose caller left still ends here: its failure is logged, not left unretrieved."""
-    if not task.cancelled() and (error := task.exception()) is not None:
-        log.debug("mirror read failed: %r", error)
 
 
 def _discard(keys: list[tuple[float, float, str]], key: tuple[float, float, str]) -> None:

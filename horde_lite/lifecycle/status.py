@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,6 +86,8 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     # of the request, which saves it a statement), so they come from one snapshot: under
     # PostgreSQL's READ COMMITTED, two statements could see a pop that commits between them by
     # halves (its generation without its lowered n_remaining, or the reverse).
+    # The estimate's copy of the queue catches up on its own connection while this one reads.
+    caught_up = horde.mirror.catch_up(now)
     values = {"request_id": request_id}
     rows = (await session.execute(_READ, values)).all()
     if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
@@ -97,6 +100,7 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
         fresh = {"populate_existing": True}
         rows = (await session.execute(_READ, values, execution_options=fresh)).all()
     if not rows:
+        await asyncio.shield(caught_up)  # no read left running behind the answer
         raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]
     jobs = [(g, name) for *_, g, name in rows if g is not None]
@@ -104,7 +108,11 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     processing = sum(1 for g, _ in jobs if g.state == "processing")
     waiting = n_remaining if state == "waiting" else 0
     head = rows[0][4 : 4 + HEAD_WIDTH]
-    est = await estimate(horde, queued(request_id, head), horde.rules(now)) if waiting else None
+    if waiting:
+        est = await estimate(horde, queued(request_id, head), horde.rules(now), caught_up)
+    else:
+        est = None
+        await asyncio.shield(caught_up)  # not needed after all: no read is left running
     return RequestStatus(
         finished=len(finished),
         processing=processing,
