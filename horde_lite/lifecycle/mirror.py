@@ -305,13 +305,17 @@ def _same(a: WorkerFacts, b: WorkerFacts) -> bool:
 
 
 class Judged:
-    """A class's verdicts from every worker, as masks (see the module's docstring)."""
+    """A class's verdicts from every worker, as masks (see the module's docstring).
+
+    C matters only where A and B differ (a worker the speed gate judges by the capable question):
+    it is judged, over the whole fleet, only for a class where they do (`c` None until then)."""
 
     __slots__ = ("a", "b", "c", "facts", "gate", "version")
 
     def __init__(self, facts: RequestFacts) -> None:
         self.facts = facts
-        self.a = self.b = self.c = 0
+        self.a = self.b = 0
+        self.c: int | None = None
         self.version = -1
         self.gate: object = None
 
@@ -321,42 +325,57 @@ class Judged:
             return self
         changed = fleet.changed_since(self.version) if self.gate is rules.gate else None
         if changed is None:  # first judged, too much changed, or another speed gate
-            q = self.facts
-            if q.models:
-                candidates = 0
-                for model in q.models:
-                    candidates |= fleet.by_model.get(model, 0)
-            else:
-                candidates = fleet.live
-            self.a = self.b = self.c = 0
-            self._judge(fleet, rules, bits(candidates))
+            self.a = self.b = 0
+            self.c = None
+            self._judge(fleet, rules, list(bits(self._candidates(fleet))))
         else:
             keep = ~sum(1 << slot for slot in changed)
             self.a &= keep
             self.b &= keep
-            self.c &= keep
             self._judge(fleet, rules, changed)
+            if self.c is not None:
+                self.c &= keep
+                self._judge_capable(fleet, rules, changed)
+        if self.c is None and self.a != self.b:
+            self.c = 0
+            self._judge_capable(fleet, rules, list(bits(self._candidates(fleet))))
         self.version = fleet.version
         self.gate = rules.gate
         return self
+
+    def capable(self, free: int) -> bool:
+        """Whether a capable worker for the class is among `free` (online, not in maintenance)."""
+        return bool(self.c and self.c & free)
+
+    def _candidates(self, fleet: Fleet) -> int:
+        """The workers that serve one of its models (every worker for a request naming none)."""
+        if not self.facts.models:
+            return fleet.live
+        candidates = 0
+        for model in self.facts.models:
+            candidates |= fleet.by_model.get(model, 0)
+        return candidates
 
     def _judge(self, fleet: Fleet, rules: Rules, slots: Iterable[int]) -> None:
         q = self.facts
         ever = _at_any_time(rules)
         for slot in slots:
-            facts = fleet.facts[slot]
-            if facts is None:
+            judging = fleet.judging[slot]
+            if judging is None or not admits(judging, q, ever):
                 continue
             bit = 1 << slot
-            judging = fleet.judging[slot]
-            assert judging is not None
-            if admits(judging, q, ever):
-                if gate_passes(judging, q, rules, True):
-                    self.a |= bit
-                if gate_passes(judging, q, rules, False):
-                    self.b |= bit
-            if is_capable(facts, q, ever):
-                self.c |= bit
+            if gate_passes(judging, q, rules, True):
+                self.a |= bit
+            if gate_passes(judging, q, rules, False):
+                self.b |= bit
+
+    def _judge_capable(self, fleet: Fleet, rules: Rules, slots: Iterable[int]) -> None:
+        q = self.facts
+        ever = _at_any_time(rules)
+        for slot in slots:
+            facts = fleet.facts[slot]
+            if facts is not None and is_capable(facts, q, ever):
+                self.c = (self.c or 0) | 1 << slot
 
 
 _EVER: dict[int, tuple[Rules, Rules]] = {}
@@ -723,7 +742,7 @@ class QueueMirror:
         raw_id = self._raw_ids.get(key)
         own = self.raws[raw_id] if raw_id is not None else Raw(key, replace(facts, user_id=0), need)
         mine = self.judged(own, rules)
-        eligible = (mine.a if mine.c & free else mine.b) & (free | owners.get(facts.user_id, 0) & online)
+        eligible = (mine.a if mine.capable(free) else mine.b) & (free | owners.get(facts.user_id, 0) & online)
         if not eligible:
             return NOTHING
         threads = 0
@@ -758,7 +777,7 @@ class QueueMirror:
             verdict = verdicts.get(verdict_key)
             if verdict is None:
                 q = self.judged(raws[raw_id], rules)
-                takers = (q.a if q.c & free else q.b) & (free | owners.get(entry[_USER], 0) & online)
+                takers = (q.a if q.capable(free) else q.b) & (free | owners.get(entry[_USER], 0) & online)
                 verdict = verdicts[verdict_key] = bool(takers & eligible)
             if not verdict:
                 continue
