@@ -843,7 +843,9 @@ _CHANGES: dict[str, Any] = {}
 
 def _changes_statement(dialect: str) -> Any:
     """What changed since the cursor, each changed row read as it is now, with the statement's
-    snapshot: one round trip (a row of NULLs but the snapshot when nothing changed)."""
+    snapshot: one round trip (a row of NULLs but the snapshot when nothing changed). Each changed
+    row is read by its primary key: on PostgreSQL through a lateral subquery, since a plain join
+    let the planner hash the whole fleet for a note or two."""
     built = _CHANGES.get(dialect)
     if built is not None:
         return built
@@ -851,22 +853,28 @@ def _changes_statement(dialect: str) -> Any:
     noted = select(log_.c.kind, log_.c.ref, log_.c.id).where(changes.after(dialect)).subquery("noted")
     snap = select(changes.snapshot(dialect).label("snap")).subquery("snap")
     r, w = TextRequest, Worker
-    built = (
-        select(
-            snap.c.snap,
-            noted.c.id,
-            noted.c.kind,
-            noted.c.ref,
-            r.id,
-            *_REQUEST_COLUMNS,
-            w.id,
-            *_WORKER_COLUMNS,
+    request_of = and_(noted.c.kind == changes.REQUEST, r.id == noted.c.ref)
+    worker_of = and_(noted.c.kind == changes.WORKER, w.id == noted.c.ref)
+    if dialect == "postgresql":
+        # The LIMIT keeps the planner from flattening each lateral subquery back into a join.
+        request = select(r.id, *_REQUEST_COLUMNS).where(request_of).limit(1).lateral("request")
+        worker = select(w.id.label("worker_id"), *_WORKER_COLUMNS).where(worker_of).limit(1).lateral("worker")
+        built = (
+            select(snap.c.snap, noted.c.id, noted.c.kind, noted.c.ref, *request.c, *worker.c)
+            .select_from(snap)
+            .outerjoin(noted, true())
+            .outerjoin(request, true())
+            .outerjoin(worker, true())
         )
-        .select_from(snap)
-        .outerjoin(noted, true())
-        .outerjoin(r, and_(noted.c.kind == changes.REQUEST, r.id == noted.c.ref))
-        .outerjoin(w, and_(noted.c.kind == changes.WORKER, w.id == noted.c.ref))
-        .order_by(noted.c.id)
-    )
+    else:  # SQLite looks each row up by its primary key by itself
+        built = (
+            select(snap.c.snap, noted.c.id, noted.c.kind, noted.c.ref, r.id, *_REQUEST_COLUMNS)
+            .add_columns(w.id, *_WORKER_COLUMNS)
+            .select_from(snap)
+            .outerjoin(noted, true())
+            .outerjoin(r, request_of)
+            .outerjoin(w, worker_of)
+        )
+    built = built.order_by(noted.c.id)
     _CHANGES[dialect] = built
     return built
