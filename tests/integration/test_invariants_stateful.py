@@ -42,11 +42,10 @@ from sqlalchemy import select, update
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Generation, TextRequest, User
 from horde_lite.lifecycle import kudos as ledger
-from horde_lite.lifecycle.mirror import QueueMirror
 from tests.conftest import is_postgres, make_settings, truncate_pg
 from tests.support.chat import CHAT_BLOCK, MODEL, Chat, open_chat
 from tests.support.horde import ANON, HordeClient
-from tests.support.invariants import check
+from tests.support.invariants import check, copy_matches_the_database
 
 DRAIN_ROUNDS = 4  # a lease lapses in one round, its request expires in the next
 
@@ -312,19 +311,7 @@ class HordeMachine(RuleBasedStateMachine):
     @invariant()
     def the_estimates_copy_is_the_database(self) -> None:
         """The app's copy of the queue and the fleet, caught up, holds what a fresh load reads."""
-
-        async def compare() -> None:
-            horde = self.chat.horde
-            now = horde.clock.now()
-            fresh = QueueMirror(horde.settings)
-            try:
-                kept = (await horde.mirror.current(now)).summary(now)
-                loaded = (await fresh.current(now)).summary(now)
-            finally:
-                await fresh.close()
-            assert kept == loaded
-
-        self.portal.call(compare)
+        self.portal.call(copy_matches_the_database, self.chat.horde)
 
     def teardown(self) -> None:
         try:

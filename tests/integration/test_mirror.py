@@ -17,9 +17,9 @@ from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db import change_log
 from horde_lite.lifecycle.estimate import Estimate, estimate_request
-from horde_lite.lifecycle.mirror import QueueMirror
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
+from tests.support.invariants import copy_matches_the_database
 
 
 async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
@@ -246,14 +246,7 @@ async def test_the_copy_follows_every_kind_of_change(client: HordeClient) -> Non
     rich = await client.user("rich", kudos=1_000_000)
 
     async def agrees() -> None:
-        now = horde.clock.now()
-        fresh = QueueMirror(horde.settings)
-        try:
-            kept = (await horde.mirror.current(now)).summary(now)
-            loaded = (await fresh.current(now)).summary(now)
-        finally:
-            await fresh.close()
-        assert kept == loaded
+        await copy_matches_the_database(horde)
 
     await client.pop(owner, "w1", models=["f-7B"], max_length=512)
     await agrees()

@@ -16,6 +16,9 @@ the drain). Each check reads committed rows only, so it must hold between any tw
 - the queue's index holds exactly the waiting requests, each under its models (or "" for any);
 - after a drain (`drained=True`): every request is final and no job is running.
 
+`copy_matches_the_database` checks the app's in-memory copy of the queue and the fleet against a
+fresh load (the stateful test, after every step).
+
 `check` returns the violations as readable lines (empty: all hold) plus the figures the soak prints.
 """
 
@@ -29,6 +32,8 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from horde_lite.db.models import Generation, KudosEvent, KudosHold, QueueEntry, SharedKey, TextRequest, User
+from horde_lite.lifecycle.context import Horde
+from horde_lite.lifecycle.mirror import QueueMirror
 
 FINISHED = ("ok", "censored")
 JOB_KINDS = ("reward", "charge")
@@ -269,3 +274,16 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
         "active holds": sum(1 for h in holds if h.active),
     }
     return report
+
+
+async def copy_matches_the_database(horde: Horde) -> None:
+    """The app's copy of the queue and the fleet (lifecycle/mirror.py), caught up, holds what a
+    fresh load of the database reads."""
+    now = horde.clock.now()
+    fresh = QueueMirror(horde.settings)
+    try:
+        kept = (await horde.mirror.current(now)).summary(now)
+        loaded = (await fresh.current(now)).summary(now)
+    finally:
+        await fresh.close()
+    assert kept == loaded
