@@ -608,10 +608,11 @@ class QueueMirror:
         """At shutdown, after the reads under way. Called from another event loop than the reads'
         (a test harness runs an app's lifespan in a thread of its own), it leaves the copy's
         connection and reads to their loop: nothing of asyncio crosses loops."""
-        if self._loop is not None and self._loop is not asyncio.get_running_loop():
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
             return
-        if self._tasks:
-            await asyncio.wait(set(self._tasks), timeout=10)
+        if running := {task for task in self._tasks if task.get_loop() is loop}:
+            await asyncio.wait(running, timeout=10)
         async with self._lock:
             await self._drop_connection()
             if self._engine is not None:

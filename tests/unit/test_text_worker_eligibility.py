@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import math
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from litestar.testing import AsyncTestClient
 from sqlalchemy import bindparam, delete, literal, select
 
+from horde_lite.app import create_app
+from horde_lite.clock import ManualClock
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
 from horde_lite.db.sqltypes import (
     JsonList,
@@ -38,6 +42,7 @@ from horde_lite.lifecycle.eligibility import (
 from horde_lite.lifecycle.estimate import Estimate, estimate_request
 from horde_lite.lifecycle.inputs import ChatBlock, PopInput
 from horde_lite.lifecycle.workers import capacity_for, worker_name_key
+from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
 
 MODEL = "Rocinante-X-12B-v1"
@@ -46,6 +51,16 @@ CHAT = {"max_completion_tokens": 4096, "max_context_tokens": 8192}
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+@pytest.fixture
+async def client(db_url: str) -> AsyncIterator[HordeClient]:
+    """The app, with a wait estimate that counts the whole queue ahead (its horizon is past anything
+    these tests queue): the readers must agree on exact figures, not on where a walk stopped."""
+    settings = make_settings(db_url, allowance={"estimate_horizon_seconds": 10**9})
+    app = create_app(settings, ManualClock(), run_sweeper=False)
+    async with AsyncTestClient(app=app, timeout=30) as http:
+        yield HordeClient(http, app.state.horde)
 
 
 async def online_worker(
