@@ -9,21 +9,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, String
-from sqlalchemy.dialects.postgresql import ARRAY, JSONB
+from sqlalchemy import JSON
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
 from sqlalchemy.sql.visitors import InternalTraversal
-from sqlalchemy.types import Boolean, NullType
+from sqlalchemy.types import Boolean
 
 # A flat JSON list of scalars (strings). Keep it flat: the constructs below assume it.
 JsonList = JSON().with_variant(JSONB(), "postgresql")
 JsonDoc = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
-# A list of strings bound as ONE parameter: a text[] on PostgreSQL, JSON text on SQLite (read with
-# `OneOf`). An expanding IN renders one statement per list length instead, and on asyncpg each
-# length is a statement prepared anew that pushes a hot one out of the connection's cache.
-TextListParam = JSON().with_variant(ARRAY(String), "postgresql")
 
 
 class TextArrayContainsAll(ColumnElement[bool]):
@@ -62,25 +58,6 @@ class TextArrayHas(ColumnElement[bool]):
     def __init__(self, array: ColumnElement[Any], value: ColumnElement[Any]) -> None:
         self.array = array
         self.value = value
-
-
-class OneOf(ColumnElement[bool]):
-    """True when `value` is one of the strings of `candidates`, a `TextListParam` bound parameter:
-    `= ANY(...)` on PostgreSQL, `IN (SELECT value FROM json_each(...))` on SQLite, where a primary
-    key `value` is then looked up by its index."""
-
-    inherit_cache = True
-    _traverse_internals = [
-        ("value", InternalTraversal.dp_clauseelement),
-        ("candidates", InternalTraversal.dp_clauseelement),
-    ]
-    # Not Boolean: SQLAlchemy writes a Boolean term of a WHERE clause as `(...) = 1` on SQLite,
-    # which hides the IN from the planner (it then scans the whole table to test each row).
-    type = NullType()
-
-    def __init__(self, value: ColumnElement[Any], candidates: ColumnElement[Any]) -> None:
-        self.value = value
-        self.candidates = candidates
 
 
 class TextArraysOverlap(ColumnElement[bool]):
@@ -151,15 +128,3 @@ def _overlap_sqlite(element: TextArraysOverlap, compiler: SQLCompiler, **kw: Any
         f"(EXISTS (SELECT 1 FROM json_each({left}) AS overlap_left, json_each({right}) AS overlap_right "
         f"WHERE overlap_left.value = overlap_right.value))"
     )
-
-
-@compiles(OneOf, "postgresql")
-def _one_of_pg(element: OneOf, compiler: SQLCompiler, **kw: Any) -> str:
-    return f"({compiler.process(element.value, **kw)} = ANY({compiler.process(element.candidates, **kw)}))"
-
-
-@compiles(OneOf)
-def _one_of_sqlite(element: OneOf, compiler: SQLCompiler, **kw: Any) -> str:
-    value = compiler.process(element.value, **kw)
-    candidates = compiler.process(element.candidates, **kw)
-    return f"({value} IN (SELECT one_of.value FROM json_each({candidates}) AS one_of))"

@@ -2,9 +2,10 @@
 
 `queue_entries` holds one row per waiting request and model it asks for (`ANY_MODEL` for a request
 any model serves), keyed by the queue order (effective_start, created_at, request id) and carrying
-the length limits a worker must meet. The pop and the wait estimate walk it per model through its
-index instead of judging the whole queue: their cost follows what the worker (or the fleet that
-could serve a request) can take, not the queue's length (docs/explanation/dispatch.md).
+the length limits a worker must meet. The pop walks it per model through its index instead of
+judging the whole queue: its cost follows what the worker can take, not the queue's length
+(docs/explanation/dispatch.md). The wait estimate walks its own copy of the queue in memory
+(lifecycle/mirror.py).
 
 The entries are a hint beside the truth. Every reader still judges the request rows themselves
 with the one eligibility check, so an entry left behind costs a skipped candidate, never a wrong
@@ -14,7 +15,7 @@ cancelled, expired).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -133,16 +134,12 @@ def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> Colu
     )
 
 
-def _between(key: Any, after: bool, before: bool) -> list[ColumnElement[bool]]:
-    """After a page's last row (the full key); before a request: strictly earlier in time, so two
-    requests made at the same instant with the same priority are not ahead of each other."""
-    clauses: list[ColumnElement[bool]] = []
-    if after:
-        start, created, rid = bindparam("after_start"), bindparam("after_created"), bindparam("after_id")
-        clauses.append(tuple_(*key) > tuple_(start, created, rid))
-    if before:
-        clauses.append(tuple_(*key[:2]) < tuple_(bindparam("before_start"), bindparam("before_created")))
-    return clauses
+def _after(key: Any, after: bool) -> list[ColumnElement[bool]]:
+    """After the previous page's last row (the full key)."""
+    if not after:
+        return []
+    start, created, rid = bindparam("after_start"), bindparam("after_created"), bindparam("after_id")
+    return [tuple_(*key) > tuple_(start, created, rid)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,30 +149,27 @@ class _Shape:
     models: int | None  # distinct models walked, the any-model entry included; None: the whole queue
     chat: bool | None  # None: no length limits; else whether the worker declared chat limits
     after: bool
-    before: bool
-    reads: str  # the caller's name for `columns` (built once by the caller); "" for none
-    lateral: bool  # PostgreSQL: read the rows through a lateral join (see `_statement`)
 
 
 _STATEMENTS: dict[_Shape, Select[Any]] = {}
 
 
-def _statement(shape: _Shape, columns: Sequence[Any]) -> Select[Any]:
+def _statement(shape: _Shape) -> Select[Any]:
     """The page's statement, built once per shape (building and caching a statement of a dozen
-    subqueries cost more than running it). Rows: (request_id, effective_start, created_at,
-    *columns) in queue order; a request asking for two of the models may appear twice, side by side."""
+    subqueries cost more than running it). Rows: (request_id, effective_start, created_at) in queue
+    order; a request asking for two of the models may appear twice, side by side."""
     built = _STATEMENTS.get(shape)
     if built is not None:
         return built
     size = bindparam("size")
-    if shape.models is None:  # the whole queue through its own index, the columns read in place
+    if shape.models is None:  # the whole queue through its own index
         r = TextRequest
         key = (r.effective_start, r.created_at, r.id)
-        where = [r.state == "waiting", *_between(key, shape.after, shape.before)]
+        where = [r.state == "waiting", *_after(key, shape.after)]
         if shape.chat is not None:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
-        built = select(r.id.label("request_id"), r.effective_start, r.created_at, *columns).where(*where)
+        built = select(r.id.label("request_id"), r.effective_start, r.created_at).where(*where)
         built = built.order_by(*key).limit(size)
         _STATEMENTS[shape] = built
         return built
@@ -186,7 +180,7 @@ def _statement(shape: _Shape, columns: Sequence[Any]) -> Select[Any]:
     def branch(i: int) -> Any:
         model = bindparam(f"model_{i}")
         query = select(e.request_id, e.effective_start, e.created_at).where(
-            e.model == model, fits, *_between(key, shape.after, shape.before)
+            e.model == model, fits, *_after(key, shape.after)
         )
         limit: Any = size
         if shape.chat is not None:
@@ -205,25 +199,11 @@ def _statement(shape: _Shape, columns: Sequence[Any]) -> Select[Any]:
     # SQLite takes ORDER BY/LIMIT only on a whole compound select: each branch is a subquery.
     merged = union_all(*(select(b.c.request_id, b.c.effective_start, b.c.created_at) for b in branches))
     m = merged.subquery("walk")
-    walked = (
+    built = (
         select(m.c.request_id, m.c.effective_start, m.c.created_at)
         .order_by(m.c.effective_start, m.c.created_at, m.c.request_id)
         .limit(size)
-        .subquery("page")
     )
-    order = (walked.c.effective_start, walked.c.created_at, walked.c.request_id)
-    built = select(walked.c.request_id, walked.c.effective_start, walked.c.created_at)
-    if columns:
-        if shape.lateral:
-            # By primary key, row by row: a plain join lets PostgreSQL's planner hash the whole
-            # table for a page of 200 (a sequential scan that cost 8 ms of 10 at 10,000 queued).
-            # The LIMIT keeps the planner from flattening the lateral subquery back into that join.
-            rows = select(*columns).where(TextRequest.id == walked.c.request_id).limit(1).lateral("row")
-            built = built.add_columns(*rows.c).select_from(walked).outerjoin(rows, true())
-        else:  # SQLite joins through the primary key by itself
-            built = built.add_columns(*columns).select_from(walked)
-            built = built.outerjoin(TextRequest, TextRequest.id == walked.c.request_id)
-    built = built.order_by(*order)
     _STATEMENTS[shape] = built
     return built
 
@@ -233,7 +213,6 @@ def _values(
     size: int,
     limits: Limits | None,
     after: Position | None,
-    before: Position | None,
 ) -> dict[str, Any]:
     values: dict[str, Any] = {"size": size}
     for i, model in enumerate(models or ()):
@@ -250,8 +229,6 @@ def _values(
         values.update(
             after_start=after.effective_start, after_created=after.created_at, after_id=after.request_id
         )
-    if before is not None:
-        values.update(before_start=before.effective_start, before_created=before.created_at)
     return values
 
 
@@ -261,39 +238,18 @@ async def walk(
     *,
     size: int,
     limits: Limits | None = None,
-    before: Position | None = None,
-    columns: Sequence[Any] = (),
-    reads: str = "",
-    values: Mapping[str, Any] | None = None,
-    resize: Callable[[], int] | None = None,
 ) -> AsyncIterator[list[Any]]:
     """Pages of the waiting requests in queue order that ask for one of `models` or for any model
-    (None: every waiting request), skipping those whose lengths exceed `limits`, strictly before
-    `before` when given, until it runs out; the caller stops early when it has what it needs.
-    The first page holds `size` rows at most; `resize`, when given, is asked for each later
-    page's size (the caller may know by then how many more rows it needs).
-
-    Each page is a list of rows, one per request (first appearance): `(request_id,
-    effective_start, created_at, *columns)`, the `columns` (of TextRequest, built once by the
-    caller and named by `reads`; their own bound parameters in `values`) read in the same
-    statement; a request gone since its entry was written has them all NULL."""
+    (None: every waiting request), skipping those whose lengths exceed `limits`, until it runs out;
+    the caller stops early when it has what it needs. Each page holds `size` rows at most, one per
+    request (first appearance): `(request_id, effective_start, created_at)`."""
     walked = None if models is None or len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
     chat = None if limits is None else limits.chat
     conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
-    lateral = bool(columns) and conn.dialect.name == "postgresql"
     after: Position | None = None
     while True:
-        shape = _Shape(
-            None if walked is None else len(walked),
-            chat,
-            after is not None,
-            before is not None,
-            reads,
-            lateral,
-        )
-        statement = _statement(shape, columns)
-        params = {**(values or {}), **_values(walked, size, limits, after, before)}
-        rows = (await conn.execute(statement, params)).all()
+        shape = _Shape(None if walked is None else len(walked), chat, after is not None)
+        rows = (await conn.execute(_statement(shape), _values(walked, size, limits, after))).all()
         if not rows:
             return
         seen: dict[str, Any] = {}
@@ -304,5 +260,3 @@ async def walk(
             return
         last = rows[-1]
         after = Position(last[1], last[2], last[0])
-        if resize is not None:
-            size = max(1, resize())

@@ -19,18 +19,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
-from sqlalchemy import bindparam, delete, literal, select
+from sqlalchemy import delete, literal, select
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
 from horde_lite.db.sqltypes import (
     JsonList,
-    OneOf,
     TextArrayContainsAll,
     TextArrayHas,
     TextArraysOverlap,
-    TextListParam,
 )
 from horde_lite.lifecycle import dispatch
 from horde_lite.lifecycle.eligibility import (
@@ -636,8 +634,3 @@ async def test_json_list_constructs_match_python_sets(
     assert bool(overlap) is bool(set(left) & set(right))
     assert bool(has) is (value in left)
     assert bool(contains) is set(right).issubset(left)
-    # A list bound as one parameter (the wait estimate's "which of these requests"), empty included.
-    async with client.horde.sessionmaker() as session:
-        one_of = OneOf(literal(value), bindparam("candidates", type_=TextListParam))
-        found = (await session.execute(select(one_of), {"candidates": left})).scalar_one()
-    assert bool(found) is (value in left)
