@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Float, and_, bindparam, exists, func, not_, or_, select, true
+from sqlalchemy import Float, Text, and_, bindparam, exists, func, not_, or_, select, true
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
@@ -333,6 +333,12 @@ REQUEST_FACT_COLUMNS = (
 REQUEST_FACT_JSON = frozenset(
     ("models", "required_features", "required_transports", "worker_allow", "worker_deny", "failed_workers")
 )
+
+
+def fact_columns(entity: Any, names: Sequence[str], json: frozenset[str]) -> tuple[Any, ...]:
+    """The columns `names` of a worker or request entity, those in `json` cast to text: a bulk
+    reader parses a JSON list only when it is not empty (see `_set`)."""
+    return tuple(getattr(entity, c).cast(Text).label(c) if c in json else getattr(entity, c) for c in names)
 
 
 def worker_facts(row: Any) -> WorkerFacts:

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, func, select
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import TextRequest, Worker
@@ -21,42 +20,21 @@ from horde_lite.lifecycle.eligibility import (
     REQUEST_FACT_COLUMNS,
     REQUEST_FACT_JSON,
     Rules,
+    fact_columns,
     request_facts,
     request_facts_of,
     request_offered,
 )
-from horde_lite.lifecycle.mirror import Queued
+from horde_lite.lifecycle.mirror import Estimate, Queued
 
-
-@dataclass(frozen=True, slots=True)
-class Estimate:
-    eligible_workers: int
-    eligible_threads: int
-    eligible_speed: float  # tokens per second, unmeasured workers at the assumed speed
-    competing_work: int  # tokens
-    competing_jobs: int
-    competing_requests: int
-    own_remaining: int  # R's own queued output (max_length x n_remaining)
-
-    @property
-    def estimated_wait(self) -> float | None:
-        """Seconds until R starts; None when no worker is eligible (unknown)."""
-        if self.eligible_workers == 0 or self.eligible_speed <= 0:
-            return None
-        return self.competing_work / self.eligible_speed
-
-    @property
-    def wait_time(self) -> int:
-        """The status route's figure: R's own output included, 0 when unknown."""
-        if self.eligible_workers == 0 or self.eligible_speed <= 0:
-            return 0
-        return int((self.competing_work + self.own_remaining) / self.eligible_speed)
+__all__ = ["Estimate", "estimate", "estimate_request", "head_columns", "horde_totals", "queued", "queued_row"]
 
 
 def head_columns(r: Any) -> tuple[Any, ...]:
     """What the estimate reads of R: its own remaining output, its queue key and its facts (a
     reader of R's row selects them with it; `queued` takes their values)."""
-    return (r.max_length * r.n_remaining, r.effective_start, r.created_at, *_fact_columns(r))
+    facts = fact_columns(r, REQUEST_FACT_COLUMNS, REQUEST_FACT_JSON)
+    return (r.max_length * r.n_remaining, r.effective_start, r.created_at, *facts)
 
 
 HEAD_WIDTH = 3 + len(REQUEST_FACT_COLUMNS)
@@ -84,17 +62,7 @@ async def estimate(
     The walk stops at R, or once the work counted would keep R's eligible workers busy
     for the horizon (`[allowance] estimate_horizon_seconds`): a longer wait changes no allowance,
     and past it the figures are lower bounds."""
-    mirror = await horde.mirror.current(rules.now, started)
-    found = mirror.estimate(r, rules)
-    return Estimate(
-        found.eligible_workers,
-        found.eligible_threads,
-        found.eligible_speed,
-        found.competing_work,
-        found.competing_jobs,
-        found.competing_requests,
-        r.own_remaining,
-    )
+    return (await horde.mirror.current(rules.now, started)).estimate(r, rules)
 
 
 async def estimate_request(horde: Horde, session: AsyncSession, request_id: str, rules: Rules) -> Estimate:
@@ -103,12 +71,6 @@ async def estimate_request(horde: Horde, session: AsyncSession, request_id: str,
     if head is None:
         return Estimate(0, 0, 0.0, 0, 0, 0, 0)
     return await estimate(horde, queued(request_id, head), rules)
-
-
-def _fact_columns(r: Any) -> tuple[Any, ...]:
-    """R's facts, its JSON lists as text (parsed only when not empty)."""
-    names, json = REQUEST_FACT_COLUMNS, REQUEST_FACT_JSON
-    return tuple(cast(getattr(r, c), Text).label(c) if c in json else getattr(r, c) for c in names)
 
 
 _HEAD = select(*head_columns(TextRequest)).where(TextRequest.id == bindparam("request_id"))

@@ -40,7 +40,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import Text, and_, bindparam, cast, select, true
+from sqlalchemy import and_, bindparam, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from horde_lite.db import change_log as changes
@@ -55,6 +55,7 @@ from horde_lite.lifecycle.eligibility import (
     Rules,
     WorkerFacts,
     admits,
+    fact_columns,
     gate_passes,
     is_capable,
     request_facts_of,
@@ -93,18 +94,30 @@ class Queued:
 
 
 @dataclass(frozen=True, slots=True)
-class Found:
-    """What the estimate found (lifecycle/estimate.py turns it into an Estimate)."""
+class Estimate:
+    """R's eligible workers and the competing work ahead of R (docs/explanation/dispatch.md)."""
 
     eligible_workers: int
     eligible_threads: int
-    eligible_speed: float
-    competing_work: int
+    eligible_speed: float  # tokens per second, unmeasured workers at the assumed speed
+    competing_work: int  # tokens
     competing_jobs: int
     competing_requests: int
+    own_remaining: int  # R's own queued output (max_length x n_remaining)
 
+    @property
+    def estimated_wait(self) -> float | None:
+        """Seconds until R starts; None when no worker is eligible (unknown)."""
+        if self.eligible_workers == 0 or self.eligible_speed <= 0:
+            return None
+        return self.competing_work / self.eligible_speed
 
-NOTHING = Found(0, 0, 0.0, 0, 0, 0)
+    @property
+    def wait_time(self) -> int:
+        """The status route's figure: R's own output included, 0 when unknown."""
+        if self.eligible_workers == 0 or self.eligible_speed <= 0:
+            return 0
+        return int((self.competing_work + self.own_remaining) / self.eligible_speed)
 
 
 # --- the fleet ---------------------------------------------------------------------------------------
@@ -542,7 +555,7 @@ class QueueMirror:
             conn = await conn.execution_options(isolation_level="REPEATABLE READ")
             try:
                 async with conn.begin():
-                    snap, last = (await conn.execute(_LOAD_CURSOR)).one()
+                    snap, last = (await conn.execute(_load_cursor(dialect))).one()
                     workers = (await conn.execute(_LOAD_WORKERS)).all()
                     requests = (await conn.execute(_LOAD_QUEUE)).all()
             finally:
@@ -550,7 +563,7 @@ class QueueMirror:
         else:
             await conn.exec_driver_sql("BEGIN")
             try:
-                snap, last = (await conn.execute(_LOAD_CURSOR_SQLITE)).one()
+                snap, last = (await conn.execute(_load_cursor(dialect))).one()
                 workers = (await conn.execute(_LOAD_WORKERS)).all()
                 requests = (await conn.execute(_LOAD_QUEUE)).all()
             finally:
@@ -729,7 +742,7 @@ class QueueMirror:
 
     # --- the estimate ----------------------------------------------------------------------------
 
-    def estimate(self, r: Queued, rules: Rules) -> Found:
+    def estimate(self, r: Queued, rules: Rules) -> Estimate:
         """R's eligible workers and the work ahead of R that one of them could take, up to the
         horizon (`Rules.horizon_seconds` of their combined speed): see the module's docstring."""
         fleet = self.fleet
@@ -745,7 +758,7 @@ class QueueMirror:
         mine = self.judged(own, rules)
         eligible = (mine.a if mine.capable(free) else mine.b) & (free | owners.get(facts.user_id, 0) & online)
         if not eligible:
-            return NOTHING
+            return Estimate(0, 0, 0.0, 0, 0, 0, r.own_remaining)
         threads = 0
         speed = 0.0
         models: set[str] = set()
@@ -788,7 +801,7 @@ class QueueMirror:
             requests += 1
             if work >= horizon:
                 break
-        return Found(eligible.bit_count(), threads, speed, work, jobs, requests)
+        return Estimate(eligible.bit_count(), threads, speed, work, jobs, requests, r.own_remaining)
 
     def _walk(self, models: set[str]) -> Iterator[tuple[float, float, str]]:
         """The queue in order, or only its requests for `models` or for any model."""
@@ -809,10 +822,6 @@ def _discard(keys: list[tuple[float, float, str]], key: tuple[float, float, str]
 # --- statements (built once) ------------------------------------------------------------------------
 
 
-def _columns(entity: Any, names: Sequence[str], json: frozenset[str]) -> list[Any]:
-    return [cast(getattr(entity, c), Text).label(c) if c in json else getattr(entity, c) for c in names]
-
-
 # Read after the id, in this order (`QueueMirror._put`, `Fleet.apply`).
 _REQUEST_COLUMNS = [
     TextRequest.state,
@@ -820,12 +829,12 @@ _REQUEST_COLUMNS = [
     TextRequest.expires_at,
     TextRequest.effective_start,
     TextRequest.created_at,
-    *_columns(TextRequest, REQUEST_FACT_COLUMNS, REQUEST_FACT_JSON),
+    *fact_columns(TextRequest, REQUEST_FACT_COLUMNS, REQUEST_FACT_JSON),
 ]
 _WORKER_COLUMNS = [
     Worker.deleted_at,
     Worker.threads,
-    *_columns(Worker, WORKER_FACT_COLUMNS, WORKER_FACT_JSON),
+    *fact_columns(Worker, WORKER_FACT_COLUMNS, WORKER_FACT_JSON),
 ]
 _R_WIDTH = 1 + len(_REQUEST_COLUMNS)
 _W_WIDTH = 1 + len(_WORKER_COLUMNS)
@@ -836,10 +845,13 @@ _LOAD_WORKERS = select(Worker.id, *_WORKER_COLUMNS).where(Worker.deleted_at.is_(
 _LOAD_QUEUE = select(TextRequest.id, *_REQUEST_COLUMNS).where(
     TextRequest.state == "waiting", TextRequest.n_remaining > 0
 )
-_LOAD_CURSOR = select(changes.snapshot("postgresql"), changes.newest().scalar_subquery())
-_LOAD_CURSOR_SQLITE = select(changes.snapshot("sqlite"), changes.newest().scalar_subquery())
 _CHECK_INS = select(Worker.id, Worker.last_check_in).where(Worker.id.in_(bindparam("ids", expanding=True)))
 _CHANGES: dict[str, Any] = {}
+
+
+def _load_cursor(dialect: str) -> Any:
+    """The load's snapshot and the newest note it sees: where its catch-ups start."""
+    return select(changes.snapshot(dialect), changes.newest().scalar_subquery())
 
 
 def _changes_statement(dialect: str) -> Any:
