@@ -15,6 +15,7 @@ from horde_lite.clock import Clock
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.mirror import QueueMirror
 from horde_lite.lifecycle.notify import Notifier
+from horde_lite.lifecycle.tasks import TaskSet
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import Policies
 from horde_lite.settings import Settings
@@ -31,7 +32,7 @@ class Horde:
     engine: AsyncEngine
     sessionmaker: async_sessionmaker[AsyncSession]
     notifier: Notifier = field(default_factory=lambda: Notifier())
-    _detached: set[asyncio.Task[None]] = field(default_factory=set, repr=False)
+    _detached: TaskSet = field(default_factory=lambda: TaskSet(log), repr=False)
     # The queue and the fleet as the wait estimate reads them (made from the settings unless given).
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
 
@@ -50,25 +51,13 @@ class Horde:
             yield session
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
-        """Run `work` in a task of its own: a caller cancelled while it waits (the client's
-        connection torn down, the server stopping) cannot cut its transaction in half, and a
-        cancelled database call in mid-statement can leave a connection the engine never closes.
-        The app waits for these tasks (`drain`) before it closes the database."""
-        task = asyncio.get_running_loop().create_task(work, name=what)
-        self._detached.add(task)
-        task.add_done_callback(self._finished)
-        return task
-
-    def _finished(self, task: asyncio.Task[None]) -> None:
-        self._detached.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.warning("%s failed: %r", task.get_name(), error)  # its caller may be gone
+        """Run `work` in a task of its own (lifecycle/tasks.py): a cancelled caller cannot cut its
+        transaction in half. The app waits for these tasks (`drain`) before it closes the database."""
+        return self._detached.start(work, what)
 
     async def drain(self, within: float) -> int:
         """Wait up to `within` seconds for the detached tasks; how many are still running."""
-        if self._detached:
-            await asyncio.wait(set(self._detached), timeout=within)
-        return len(self._detached)
+        return await self._detached.wait(within)
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,7 @@ from horde_lite.lifecycle.eligibility import (
     request_facts_of,
     worker_facts_of,
 )
+from horde_lite.lifecycle.tasks import TaskSet
 from horde_lite.settings import Settings
 
 log = logging.getLogger("horde_lite.mirror")
@@ -443,7 +444,7 @@ class QueueMirror:
         self._engine: AsyncEngine | None = None
         self._conn: AsyncConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # where the copy reads (the app's)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet(log, logging.DEBUG)  # a caller that left has its read end anyway
         self._lock = asyncio.Lock()
         self._asked = 0  # sync requests so far
         self._served = 0  # every request up to this one is covered by a finished sync
@@ -472,18 +473,8 @@ class QueueMirror:
         The read runs in a task of its own: a caller cancelled meanwhile (its client left) must
         not cut it off halfway, with the connection in mid-statement."""
         self._asked += 1
-        loop = asyncio.get_running_loop()
-        self._loop = self._loop or loop
-        task = loop.create_task(self._sync(self._asked, now))
-        self._tasks.add(task)
-        task.add_done_callback(self._done)
-        return task
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        """A read whose caller left still ends here: its failure is logged, not left unretrieved."""
-        self._tasks.discard(task)
-        if not task.cancelled() and (error := task.exception()) is not None:
-            log.debug("mirror read failed: %r", error)
+        self._loop = self._loop or asyncio.get_running_loop()
+        return self._tasks.start(self._sync(self._asked, now), "mirror catch-up")
 
     async def current(self, now: float, started: asyncio.Task[None] | None = None) -> QueueMirror:
         """The copy, caught up (by `started`, from `catch_up`, or now)."""
@@ -621,11 +612,9 @@ class QueueMirror:
         """At shutdown, after the reads under way. Called from another event loop than the reads'
         (a test harness runs an app's lifespan in a thread of its own), it leaves the copy's
         connection and reads to their loop: nothing of asyncio crosses loops."""
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
+        if self._loop is not None and self._loop is not asyncio.get_running_loop():
             return
-        if running := {task for task in self._tasks if task.get_loop() is loop}:
-            await asyncio.wait(running, timeout=10)
+        await self._tasks.wait(10)
         async with self._lock:
             await self._drop_connection()
             if self._engine is not None:
