@@ -377,20 +377,31 @@ def print_tables(result: dict[str, Any]) -> None:
         print("\nFull cycles over HTTP (create, pop, submit)\n")
         print(
             "| database | server | processes | workers | cycles/s | cycle p50 / p99 ms "
-            "| create / pop / submit p50 ms | server CPU ms/cycle | empty pops | errors |"
+            "| create / pop / submit p50 ms | CPU ms/cycle: server / postgres / bench client "
+            "| bound without the server, cycles/s | empty pops | errors |"
         )
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
         for c in result["cycles"]:
-            cpu = c["server_cpu_ms_per_cycle"]
+            cpu = [c[f"{who}_cpu_ms_per_cycle"] for who in ("server", "postgres", "client")]
             print(f"| {c['db']} | {c['stack']} | {c['processes']} | {c['workers']} | {c['per_second']:.1f} | "
                   f"{fmt(c['cycle_p50'])} / {fmt(c['cycle_p99'])} | "
-                  f"{fmt(c['create_p50'])} / {fmt(c['pop_p50'])} / {fmt(c['submit_p50'])} | {fmt(cpu)} | "
+                  f"{fmt(c['create_p50'])} / {fmt(c['pop_p50'])} / {fmt(c['submit_p50'])} | "
+                  f"{' / '.join(fmt(v) for v in cpu)} | {fmt(_bound(cpu[1], cpu[2]))} | "
                   f"{c['empty_pops']} | {c['errors']} |")  # fmt: skip
+        print(f"\n(The bound: {os.cpu_count()} cores x 1,000 ms over what PostgreSQL and the bench's own "
+              "simulated workers spend per cycle, all on this machine: the most cycles/s even a server "
+              "costing nothing could reach here.)")  # fmt: skip
     for row in result["sizes"]:
         if row["plans"]:
             seq = row["seq_scans_of_text_requests"]
             print(f"\nPlans ({row['db']}, {row['queued']:,} queued): {row['plans']}; sequential scan of "
                   f"text_requests: {', '.join(seq) if seq else 'none'}")  # fmt: skip
+
+
+def _bound(*others: float | None) -> float | None:
+    """Cycles/s this machine's cores allow once the other processes of a cycle have had theirs."""
+    spent = sum(v for v in others if v is not None)
+    return (os.cpu_count() or 1) * 1000 / spent if spent > 0 else None
 
 
 def load() -> str:

@@ -48,13 +48,19 @@ class CycleResult:
     cycle_p50: float
     cycle_p99: float
     server_cpu_ms_per_cycle: float | None  # all server processes' user+system CPU over the window
+    # What else the machine spent per cycle: the local PostgreSQL server's processes (None on SQLite,
+    # whose work is the server's own) and this bench's simulated workers. On a machine whose cores
+    # all three share, cores x 1,000 / (their sum) bounds the cycles/s even of a server costing nothing.
+    postgres_cpu_ms_per_cycle: float | None = None
+    client_cpu_ms_per_cycle: float | None = None
     errors_seen: list[str] = field(default_factory=list)
 
 
-def _group_cpu_seconds(pgids: set[int]) -> float:
-    """User + system CPU of every process in these process groups (Linux /proc)."""
+def _cpu_seconds(pgids: set[int]) -> tuple[float, float]:
+    """User + system CPU of every process in these process groups, and of every process named
+    `postgres` (a local PostgreSQL server's; Linux /proc, readable for other users' processes)."""
     tick = os.sysconf("SC_CLK_TCK")
-    total = 0.0
+    grouped = postgres = 0.0
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -62,10 +68,14 @@ def _group_cpu_seconds(pgids: set[int]) -> float:
             stat = Path(f"/proc/{entry}/stat").read_text()
         except OSError:
             continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
         parts = stat[stat.rindex(")") + 2 :].split()
-        if int(parts[2]) in pgids:  # field 5: pgrp; 14, 15: utime, stime
-            total += (int(parts[11]) + int(parts[12])) / tick
-    return total
+        used = (int(parts[11]) + int(parts[12])) / tick  # fields 14, 15: utime, stime
+        if int(parts[2]) in pgids:  # field 5: pgrp
+            grouped += used
+        elif name == "postgres":
+            postgres += used
+    return grouped, postgres
 
 
 class Pool:
@@ -142,11 +152,11 @@ async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: i
         out: dict[str, Any] = {"create": [], "pop": [], "submit": [], "cycle": [], "cycles": 0, "empty": 0,
                                "errors": []}  # fmt: skip
         pgids = {s.process.pid for s in servers if s.process is not None}
-        cpu0, started = _group_cpu_seconds(pgids), time.monotonic()
+        (cpu0, pg0), client0, started = _cpu_seconds(pgids), time.process_time(), time.monotonic()
         stop = started + seconds
         await asyncio.gather(*(_slot(pool, i, keys["owners"][i], keys["registered"][i], stop, out)
                                for i in range(workers)))  # fmt: skip
-        cpu = _group_cpu_seconds(pgids) - cpu0
+        (cpu1, pg1), client1 = _cpu_seconds(pgids), time.process_time()
     finally:
         await pool.close()
     ms = {k: [v * 1000 for v in out[k]] for k in ("create", "pop", "submit", "cycle")}
@@ -154,12 +164,17 @@ async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: i
     def p(k: str, q: float) -> float:
         return pct(ms[k], q) if ms[k] else float("nan")
 
+    def per_cycle(seconds_used: float) -> float | None:
+        return seconds_used * 1000 / out["cycles"] if out["cycles"] else None
+
     return CycleResult(
         db=db, stack=stack, processes=len(servers), workers=workers, seconds=seconds, cycles=out["cycles"],
         empty_pops=out["empty"], errors=len(out["errors"]), per_second=out["cycles"] / seconds,
         create_p50=p("create", 0.5), pop_p50=p("pop", 0.5), submit_p50=p("submit", 0.5),
         cycle_p50=p("cycle", 0.5), cycle_p99=p("cycle", 0.99),
-        server_cpu_ms_per_cycle=(cpu * 1000 / out["cycles"]) if out["cycles"] else None,
+        server_cpu_ms_per_cycle=per_cycle(cpu1 - cpu0),
+        postgres_cpu_ms_per_cycle=per_cycle(pg1 - pg0) if db == "postgresql" else None,
+        client_cpu_ms_per_cycle=per_cycle(client1 - client0),
         errors_seen=sorted(set(out["errors"]))[:5],
     )  # fmt: skip
 
