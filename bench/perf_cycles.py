@@ -58,7 +58,7 @@ class CycleResult:
 
 def _cpu_seconds(pgids: set[int]) -> tuple[float, float]:
     """User + system CPU of every process in these process groups, and of every process named
-    `postgres` (a local PostgreSQL server's; Linux /proc, readable for other users' processes)."""
+    `postgres` and its ended children (a local PostgreSQL server's; Linux /proc)."""
     tick = os.sysconf("SC_CLK_TCK")
     grouped = postgres = 0.0
     for entry in os.listdir("/proc"):
@@ -74,7 +74,9 @@ def _cpu_seconds(pgids: set[int]) -> tuple[float, float]:
         if int(parts[2]) in pgids:  # field 5: pgrp
             grouped += used
         elif name == "postgres":
-            postgres += used
+            # Fields 16, 17: the CPU of its children that ended (the postmaster's, of the backends
+            # a pool closed during the window, whose own entries are gone).
+            postgres += used + (int(parts[13]) + int(parts[14])) / tick
     return grouped, postgres
 
 
