@@ -8,9 +8,9 @@ commit rows with smaller ids later, so a reader also re-asks for the rows of the
 were running at its last read (`Cursor.in_flight`, from `pg_current_snapshot()`), which makes the
 catch-up exact without waiting or guessing.
 
-A worker's check-in is noted only when it moves back or jumps by more than 5 s (a worker coming
-back online; the number is the triggers', and `[worker] online_seconds` must exceed it): readers
-re-read the check-in of a worker they would otherwise take for offline.
+A worker's check-in is noted only when it moves back or jumps by more than `CHECK_IN_NOTED_JUMP`
+(a worker coming back online; the number is the triggers', and `[worker] online_seconds` must exceed
+it): readers re-read the check-in of a worker they would otherwise take for offline.
 
 The table is not in the model set: nothing but the triggers writes it, and a bulk delete of the
 model tables (a test's wipe) must not take the rows that record it. Rows older than
@@ -56,6 +56,9 @@ change_log = Table(
 REQUEST, WORKER = "r", "w"
 # How long rows are kept; a reader whose last read is older than half of it reloads instead.
 KEEP_SECONDS = 600.0
+
+# Seconds; the triggers' own number (migration 0009), repeated here for the code that relies on it.
+CHECK_IN_NOTED_JUMP = 5.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -172,12 +172,31 @@ async def consume_hold(session: AsyncSession, request_id: str, charged: float) -
         hold.remaining = max(0.0, round(hold.remaining - charged, 2))
 
 
+_holds = KudosHold.__table__
+_RELEASE = (
+    update(_holds)
+    .where(_holds.c.key == bindparam("hold"), _holds.c.active.is_(True))
+    .values(active=False, remaining=0.0)
+)
+
+
 async def release_hold(session: AsyncSession, request_id: str) -> None:
-    await session.execute(
-        update(KudosHold)
-        .where(KudosHold.key == hold_key(request_id), KudosHold.active.is_(True))
-        .values(active=False, remaining=0.0)
+    """The request's hold reserves nothing any more. A Core statement, built once (the ORM's own
+    update costs about 0.4 ms more in Python), unless the session holds the hold as an object
+    (placed or consumed in this transaction): then the ORM's, which writes that object first and
+    then tells it its new values."""
+    key = hold_key(request_id)
+    held = identity_key(KudosHold, key) in session.identity_map or any(
+        isinstance(new, KudosHold) for new in session.new
     )
+    if held:
+        await session.execute(
+            update(KudosHold)
+            .where(KudosHold.key == key, KudosHold.active.is_(True))
+            .values(active=False, remaining=0.0)
+        )
+        return
+    await session.execute(_RELEASE, {"hold": key})
 
 
 async def charge_job(

@@ -17,6 +17,14 @@ _PROCESSING = select(func.count(Generation.id)).where(
     Generation.fake.is_(False),
 )  # built once: every submit asks it
 _PROCESSING_BESIDES = _PROCESSING.where(Generation.id != bindparam("besides"))
+_records = AssignmentRecord.__table__
+# Core, built once: assignment records are written by Core statements and never loaded as objects
+# by the paths that end jobs, so the ORM has nothing to synchronise.
+_OUTCOME = (
+    update(_records)
+    .where(_records.c.generation_id == bindparam("job"))
+    .values(outcome=bindparam("ended_as"), ended_at=bindparam("ended"))
+)
 
 
 async def processing_count(session: AsyncSession, request_id: str, *, besides: str | None = None) -> int:
@@ -83,11 +91,7 @@ async def shadow_outcome(
     if generation.fake:
         return
     horde.metrics.job_ended(outcome, request.is_chat)  # every real job's end passes here once
-    await session.execute(
-        update(AssignmentRecord)
-        .where(AssignmentRecord.generation_id == generation.id)
-        .values(outcome=outcome, ended_at=horde.clock.now())
-    )
+    await session.execute(_OUTCOME, {"job": generation.id, "ended_as": outcome, "ended": horde.clock.now()})
     if not generation.over_capacity_at_assignment:
         return
     service = None

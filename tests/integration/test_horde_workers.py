@@ -8,6 +8,7 @@ from typing import Any
 
 from sqlalchemy import text
 
+from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.support.horde import ANON, HordeClient
 
 
@@ -239,6 +240,42 @@ async def test_workers_list_shows_online_workers_only(client: HordeClient) -> No
     missing = await client.http.get("/api/v2/workers/not-a-worker")
     assert missing.status_code == 404
     assert missing.json()["rc"] == "WorkerNotFound"
+
+
+async def test_a_polling_worker_writes_its_check_in_at_most_every_few_seconds(client: HordeClient) -> None:
+    """Pops closer together than `CHECK_IN_RESOLUTION` leave the stored check-in alone (no write
+    per idle poll); the first pop past it stores its time; a worker polling that way stays online
+    until `online_seconds` after its last pop, less at most the resolution."""
+    key = await client.user("owner")
+    online_seconds = client.horde.settings.worker.online_seconds
+    start = client.clock.now()
+    await client.pop(key, "poller", models=["m"])
+
+    async def stored() -> float:
+        return await _count(client, "SELECT last_check_in FROM workers WHERE name = 'poller'")
+
+    assert await stored() == start
+    step = CHECK_IN_RESOLUTION / 4  # a power of two: the steps add up to the resolution exactly
+    for _ in range(3):
+        client.clock.advance(step)
+        await client.pop(key, "poller", models=["m"])
+        assert await stored() == start
+    client.clock.advance(step)  # the resolution since the stored check-in
+    await client.pop(key, "poller", models=["m"])
+    assert await stored() == client.clock.now()
+    client.clock.advance(CHECK_IN_RESOLUTION / 2)
+    last_pop = client.clock.now()
+    await client.pop(key, "poller", models=["m"])
+    assert await stored() < last_pop
+    worker_id = (await _worker(client, "poller"))["id"]
+
+    async def online() -> bool:
+        return (await client.http.get(f"/api/v2/workers/{worker_id}")).json()["online"]
+
+    client.clock.advance(online_seconds - CHECK_IN_RESOLUTION)
+    assert await online() is True
+    client.clock.advance(CHECK_IN_RESOLUTION)  # online_seconds after its last pop
+    assert await online() is False
 
 
 async def test_measured_worker_shows_its_lease_speed_and_capacity(client: HordeClient) -> None:

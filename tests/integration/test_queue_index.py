@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from sqlalchemy import event, text
 
 from horde_lite.lifecycle import dispatch
+from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.support.horde import ANON, HordeClient
 
 
@@ -123,10 +125,13 @@ async def test_the_owners_request_behind_a_page_of_others_goes_first(client: Hor
     assert taken == [theirs, own, head]
 
 
-async def test_an_existing_workers_found_pop_runs_seven_statements(client: HordeClient) -> None:
-    """Owner and worker in one read, the check-in's update, the queue's page, the claim (with the
-    speed gate's question for an over-capacity job), the request's update, the job and its shadow
-    record: no separate key lookup, capable question or ORM reload."""
+@pytest.mark.parametrize("since_check_in", [1.0, CHECK_IN_RESOLUTION])
+async def test_an_existing_workers_found_pop_runs_seven_statements(
+    client: HordeClient, since_check_in: float
+) -> None:
+    """Owner and worker in one read, the check-in's update when it is due, the queue's page, the
+    claim (with the speed gate's question for an over-capacity job), the request's update, the job
+    and its shadow record: no separate key lookup, capable question or ORM reload."""
     key = await client.user("owner")
     rich = await client.user("rich", kudos=1_000_000)
     worker = {"models": ["s-7B"], "max_length": 2048, "max_context_length": 4096}
@@ -136,7 +141,7 @@ async def test_an_existing_workers_found_pop_runs_seven_statements(client: Horde
         rich, models=["s-7B"], params={"max_length": 2048, "max_context_length": 4096}
     )
     assert created.status_code == 202, created.text
-    client.clock.advance(1)
+    client.clock.advance(since_check_in)
     statements: list[str] = []
 
     def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
@@ -152,7 +157,10 @@ async def test_an_existing_workers_found_pop_runs_seven_statements(client: Horde
     assert job["id"] is not None
     [record] = await _rows(client, "SELECT over_capacity, capable_online FROM assignment_records")
     assert (bool(record[0]), record[1] is not None) == (True, True)
-    assert len(statements) == 7, statements
+    due = since_check_in >= CHECK_IN_RESOLUTION
+    check_ins = [s for s in statements if s.lstrip().upper().startswith("UPDATE WORKERS")]
+    assert len(check_ins) == int(due), statements
+    assert len(statements) == 6 + due, statements
 
 
 async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> None:
