@@ -6,9 +6,8 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Any
 
-from sqlalchemy import Select, bindparam, select
+from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
@@ -18,6 +17,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
 from horde_lite.lifecycle.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
+from horde_lite.lifecycle.users import ANONYMOUS_KEY, authenticate_user, hash_key
 from horde_lite.lifecycle.workers import record_speed_sample
 
 log = logging.getLogger("horde_lite.completion")
@@ -53,56 +53,74 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
     return capped
 
 
-def _job_reads(lock: bool) -> tuple[Select[Any], Select[Any]]:
-    """A job's request (found through its generation), then its generation with its worker, each
-    read fresh from the database (`populate_existing`) and, with `lock`, locked FOR UPDATE (on the
-    request's statement, that locks the outer query's row only, not the subquery's; on the second,
-    both rows). Built once, with bound parameters: a reused statement keeps its SQLAlchemy cache key."""
-    owning = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
-    request = select(TextRequest).where(TextRequest.id == owning)
-    job = select(Generation, Worker).join(Worker, Worker.id == Generation.worker_id)
-    job = job.where(Generation.id == bindparam("id"))
-    reads = [q.execution_options(populate_existing=True) for q in (request, job)]
-    if lock:
-        reads = [q.with_for_update() for q in reads]
-    return reads[0], reads[1]
+# The job's request, found through its generation, read fresh (`populate_existing`) and locked FOR
+# UPDATE (the outer query's row only, not the subquery's); the same with the poster's users row,
+# found by its key's hash and not locked; then the generation with its worker, both locked. Built
+# once, with bound parameters: a reused statement keeps its SQLAlchemy cache key.
+_OWNING = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
+_REQUEST = (
+    select(TextRequest)
+    .where(TextRequest.id == _OWNING)
+    .execution_options(populate_existing=True)
+    .with_for_update()
+)
+_REQUEST_AND_POSTER = (
+    select(TextRequest, User)
+    # Joined on the key alone: a worker of another owner is found, and refused by the owner check.
+    .join_from(TextRequest, User, User.api_key_hash == bindparam("digest"))
+    .where(TextRequest.id == _OWNING)
+    .execution_options(populate_existing=True)
+    .with_for_update(of=TextRequest)
+)
+_JOB = (
+    select(Generation, Worker)
+    .join(Worker, Worker.id == Generation.worker_id)
+    .where(Generation.id == bindparam("id"))
+    .execution_options(populate_existing=True)
+    .with_for_update()
+)
 
 
-_LOCKED, _UNLOCKED = _job_reads(True), _job_reads(False)
+async def _request_and_poster(
+    session: AsyncSession, apikey: str | None, generation_id: str, now: float
+) -> tuple[TextRequest | None, User]:
+    """The job's request (None: no such job) and the poster, a registered user's own key. A worker
+    posting with its owner's key about a job that exists takes one statement; anything else (no
+    key, the anonymous key, a shared key, an unknown key, no such job) takes the general path,
+    which authenticates first and so answers as a separate authentication would."""
+    if apikey and apikey != ANONYMOUS_KEY:
+        values = {"id": generation_id, "digest": hash_key(apikey)}
+        found = (await session.execute(_REQUEST_AND_POSTER, values)).one_or_none()
+        if found is not None:
+            return found[0], found[1]
+    user = await authenticate_user(session, apikey, now)
+    return (await session.execute(_REQUEST, {"id": generation_id})).scalar_one_or_none(), user
 
 
 async def load_generation_for_worker(
-    session: AsyncSession,
-    user: User,
-    generation_id: str,
-    *,
-    lock: bool = True,
-    lapse_at: tuple[Horde, float] | None = None,
+    session: AsyncSession, apikey: str | None, generation_id: str, horde: Horde, now: float
 ) -> tuple[Generation, Worker, TextRequest]:
-    """The job `generation_id` of one of `user`'s workers, with its worker and request. With
-    `lapse_at` (the horde, now): a job whose lease ran out by then is aborted and given back here,
-    and `JobLapsed` raised; the caller commits that (the lapse is kept) and refuses the post."""
+    """The job `generation_id` of one of the poster's workers (`apikey`: its owner's key), with its
+    worker and request. A job whose lease ran out by `now` is aborted and given back here, and
+    `JobLapsed` raised; the caller commits that (the lapse is kept) and refuses the post."""
     missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
     # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation
     # and the worker (docs/explanation/locking.md). Concurrent submits, faults and lapses of one
     # request then serialize, never lose an update of its counts (PostgreSQL; SQLite has one
-    # writer) and never deadlock. The request is found through its generation in the same
-    # statement, and the generation comes with its worker: two round trips.
-    request_query, job_query = _LOCKED if lock else _UNLOCKED
-    request = (await session.execute(request_query, {"id": generation_id})).scalar_one_or_none()
+    # writer) and never deadlock. The request is found through its generation, with the poster,
+    # in one statement, and the generation comes with its worker: two round trips.
+    request, user = await _request_and_poster(session, apikey, generation_id, now)
     if request is None:
         raise missing
-    job = (await session.execute(job_query, {"id": generation_id})).one_or_none()
+    job = (await session.execute(_JOB, {"id": generation_id})).one_or_none()
     if job is None:
         raise missing
     generation, worker = job
     if worker.owner_id != user.id:
         raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
-    if lapse_at is not None:
-        horde, now = lapse_at
-        if lease_ran_out(generation, now):
-            await lapse(session, horde, generation, worker, request)
-            raise JobLapsed()
+    if lease_ran_out(generation, now):
+        await lapse(session, horde, generation, worker, request)
+        raise JobLapsed()
     return generation, worker, request
 
 
@@ -114,12 +132,10 @@ def require_live(generation: Generation) -> None:
         raise HordeError("DuplicateGen", "This generation was already submitted.")
 
 
-async def submit(session: AsyncSession, horde: Horde, user: User, body: SubmitInput) -> float:
+async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: SubmitInput) -> float:
     """Store a worker's result and return its reward."""
     now = horde.clock.now()
-    generation, worker, request = await load_generation_for_worker(
-        session, user, body.id, lapse_at=(horde, now)
-    )
+    generation, worker, request = await load_generation_for_worker(session, apikey, body.id, horde, now)
     require_live(generation)
     generation.submitted_at = now
     if body.state == "faulted":
@@ -190,5 +206,7 @@ class Submitted:
 async def submit_job(horde: Horde, caller: Caller, body: SubmitInput) -> Submitted:
     """POST /generate/text/submit: the submit as the job's lease holder (a lapse of the job is
     honoured first)."""
-    reward = await as_lease_holder(horde, caller, lambda session, user: submit(session, horde, user, body))
+    reward = await as_lease_holder(
+        horde, caller, lambda session, apikey: submit(session, horde, apikey, body)
+    )
     return Submitted(reward=reward)

@@ -12,12 +12,11 @@ from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db import change_log
-from horde_lite.db.models import Generation, RequestModel, TextRequest, User, Worker
+from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
 from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
-from horde_lite.lifecycle.users import authenticate_user
 
 log = logging.getLogger("horde_lite.lease")
 
@@ -131,16 +130,16 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
 
 
 async def as_lease_holder(
-    horde: Horde, caller: Caller, act: Callable[[AsyncSession, User], Awaitable[T]]
+    horde: Horde, caller: Caller, act: Callable[[AsyncSession, str | None], Awaitable[T]]
 ) -> T:
-    """A worker's post about one of its jobs (a submit, a progress post), in one transaction:
-    authenticate the worker's owner and act. `act` loads the job with `lapse_at`, so a job whose
-    lease ran out is aborted and given back there; that lapse is committed, and the post is then
-    refused with AbortedGen (`JobLapsed`)."""
+    """A worker's post about one of its jobs (a submit, a progress post), in one transaction. `act`
+    gets the caller's key and loads the job with it (`completion.load_generation_for_worker`), which
+    authenticates the worker's owner in the statement that reads the job's request, and aborts and
+    gives back a job whose lease ran out; that lapse is committed, and the post is then refused
+    with AbortedGen (`JobLapsed`)."""
     async with horde.transaction() as session:
-        user = await authenticate_user(session, caller.apikey, horde.clock.now())
         try:
-            return await act(session, user)
+            return await act(session, caller.apikey)
         except JobLapsed as lapsed:
             refused = lapsed  # leaving the block normally commits the lapse
     raise refused

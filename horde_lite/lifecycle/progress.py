@@ -17,7 +17,6 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.db.models import User
 from horde_lite.lifecycle.completion import load_generation_for_worker, require_live
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
@@ -34,12 +33,12 @@ class ProgressAnswer:
     fake: bool
 
 
-async def record(session: AsyncSession, horde: Horde, user: User, body: ProgressInput) -> ProgressAnswer:
+async def record(
+    session: AsyncSession, horde: Horde, apikey: str | None, body: ProgressInput
+) -> ProgressAnswer:
     """Store one progress post (a lapse of this generation is honoured as it is loaded)."""
     now = horde.clock.now()
-    generation, _worker, request = await load_generation_for_worker(
-        session, user, body.id, lapse_at=(horde, now)
-    )
+    generation, _worker, request = await load_generation_for_worker(session, apikey, body.id, horde, now)
     require_live(generation)
     if not request.is_chat or not request.stream:
         raise HordeError(
@@ -85,4 +84,4 @@ async def record(session: AsyncSession, horde: Horde, user: User, body: Progress
 async def post(horde: Horde, caller: Caller, body: ProgressInput) -> ProgressAnswer:
     """POST /generate/text/progress: the post as the job's lease holder (a lapse of the job is
     honoured first), then wake the waiting front."""
-    return await as_lease_holder(horde, caller, lambda session, user: record(session, horde, user, body))
+    return await as_lease_holder(horde, caller, lambda session, apikey: record(session, horde, apikey, body))

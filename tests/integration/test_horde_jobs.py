@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 
 from horde_lite.db.models import Generation
 from horde_lite.lifecycle import status
@@ -141,6 +141,39 @@ async def test_unknown_generation(client: HordeClient) -> None:
         response = await client.submit(owner, gen_id, "x")
         assert response.status_code == 404
         assert response.json()["rc"] == "InvalidJobID"
+
+
+async def test_a_posts_key_is_judged_before_its_job_and_read_with_it(client: HordeClient) -> None:
+    """The owner's key is read in the statement that reads the job's request; a key that is not a
+    registered user's own answers as before, whether or not the job exists: an unknown key
+    InvalidAPIKey, a shared key WrongCredentials, and only a good key learns InvalidJobID."""
+    owner = await client.user("owner", kudos=100)
+    await client.create(ANON)
+    job = (await client.pop(owner, "w1")).json()
+    shared = await client.http.post("/api/v2/sharedkeys", json={"kudos": 10}, headers={"apikey": owner})
+    assert shared.status_code == 200, shared.text
+    missing = "00000000-0000-4000-8000-000000000000"
+    for gen_id in (job["id"], missing):
+        unknown = await client.submit("not-a-key", gen_id)
+        assert (unknown.status_code, unknown.json()["rc"]) == (401, "InvalidAPIKey")
+        by_shared = await client.submit(shared.json()["id"], gen_id)
+        assert (by_shared.status_code, by_shared.json()["rc"]) == (403, "WrongCredentials")
+    gone = await client.submit(owner, missing)
+    assert (gone.status_code, gone.json()["rc"]) == (404, "InvalidJobID")
+    statements: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    engine = client.horde.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        assert (await client.submit(owner, job["id"])).status_code == 200
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    reads = [s for s in statements if "FROM users" in s or "JOIN users" in s]
+    assert len(reads) == 1, reads
+    assert "FROM text_requests JOIN users" in reads[0], reads
 
 
 async def test_submit_after_the_lease_lapsed_is_aborted_even_before_the_sweep(client: HordeClient) -> None:
