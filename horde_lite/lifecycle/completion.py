@@ -17,7 +17,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
 from horde_lite.lifecycle.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
-from horde_lite.lifecycle.users import ANONYMOUS_KEY, authenticate_user, hash_key
+from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key
 from horde_lite.lifecycle.workers import record_speed_sample
 
 log = logging.getLogger("horde_lite.completion")
@@ -65,11 +65,9 @@ _REQUEST = (
     .with_for_update()
 )
 _REQUEST_AND_POSTER = (
-    select(TextRequest, User)
+    _REQUEST.add_columns(User)
     # Joined on the key alone: a worker of another owner is found, and refused by the owner check.
     .join_from(TextRequest, User, User.api_key_hash == bindparam("digest"))
-    .where(TextRequest.id == _OWNING)
-    .execution_options(populate_existing=True)
     .with_for_update(of=TextRequest)
 )
 _JOB = (
@@ -88,7 +86,7 @@ async def _request_and_poster(
     posting with its owner's key about a job that exists takes one statement; anything else (no
     key, the anonymous key, a shared key, an unknown key, no such job) takes the general path,
     which authenticates first and so answers as a separate authentication would."""
-    if apikey and apikey != ANONYMOUS_KEY:
+    if not is_anonymous_key(apikey):
         values = {"id": generation_id, "digest": hash_key(apikey)}
         found = (await session.execute(_REQUEST_AND_POSTER, values)).one_or_none()
         if found is not None:

@@ -31,7 +31,7 @@ from horde_lite.db.models import (
 from horde_lite.lifecycle import policy_state
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.users import ANONYMOUS_KEY, authenticate_user
+from horde_lite.lifecycle.users import authenticate_user, is_anonymous_key
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.policies.registry import PolicyError
@@ -69,7 +69,7 @@ def _signature(user: User, expires: int) -> str:
 async def moderator(horde: Horde, apikey: str | None) -> User:
     """The moderator a key belongs to; HordeError InvalidAPIKey (no key, an unknown one) or
     NotModerator (any other user's key, a shared key, the anonymous key)."""
-    if not apikey or apikey == ANONYMOUS_KEY:
+    if is_anonymous_key(apikey):
         raise HordeError("InvalidAPIKey", "A moderator's API key is required.")
     async with horde.transaction() as session:
         try:

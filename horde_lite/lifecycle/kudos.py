@@ -181,22 +181,19 @@ _RELEASE = (
 
 
 async def release_hold(session: AsyncSession, request_id: str) -> None:
-    """The request's hold reserves nothing any more. A Core statement, built once (the ORM's own
-    update costs about 0.4 ms more in Python), unless the session holds the hold as an object
-    (placed or consumed in this transaction): then the ORM's, which writes that object first and
-    then tells it its new values."""
+    """The request's hold reserves nothing any more: a Core statement, built once (the ORM's own
+    update costs about 0.4 ms more in Python). A hold the session holds as an object (placed or
+    consumed in this transaction) is written first and then told its new values, as the ORM's
+    update would: its pending change is never written over the release."""
     key = hold_key(request_id)
-    held = identity_key(KudosHold, key) in session.identity_map or any(
-        isinstance(new, KudosHold) for new in session.new
-    )
-    if held:
-        await session.execute(
-            update(KudosHold)
-            .where(KudosHold.key == key, KudosHold.active.is_(True))
-            .values(active=False, remaining=0.0)
-        )
-        return
+    held = identity_key(KudosHold, key)
+    if held in session.identity_map or any(isinstance(new, KudosHold) for new in session.new):
+        await session.flush()
     await session.execute(_RELEASE, {"hold": key})
+    hold = session.identity_map.get(held)
+    if hold is not None and hold.active:
+        set_committed_value(hold, "active", False)
+        set_committed_value(hold, "remaining", 0.0)
 
 
 async def charge_job(

@@ -22,6 +22,11 @@ def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def is_anonymous_key(apikey: str | None) -> bool:
+    """No key, or the anonymous key: the caller is the anonymous user."""
+    return not apikey or apikey == ANONYMOUS_KEY
+
+
 def new_api_key() -> str:
     """22 characters: the horde-sdk refuses any other length (except UUIDs and the anonymous key).
 
@@ -138,7 +143,7 @@ async def authenticate(
     `lock`: a registered user's row (a shared key's owner) is read FOR UPDATE, in the statement
     that finds it (admission serializes one requester's creations on that row); the anonymous
     user's never is: everyone without a key shares it."""
-    if not apikey or apikey == ANONYMOUS_KEY:
+    if is_anonymous_key(apikey):
         return Requester(await ensure_anonymous(session, now))
     digest = hash_key(apikey)
     found = _USER_BY_KEY_LOCKED if lock else _USER_BY_KEY

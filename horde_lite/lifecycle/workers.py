@@ -19,7 +19,7 @@ from horde_lite.db.models import User, Worker, WorkerModel
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
-from horde_lite.lifecycle.users import ANONYMOUS_KEY, authenticate_user, hash_key, user_id_part
+from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key, user_id_part
 from horde_lite.settings import Settings
 
 # What a new worker name may hold, after Unicode NFKC normalization (which maps full-width and other
@@ -117,7 +117,7 @@ async def authenticate_worker(
     locked for `check_in`. An existing worker popping with its owner's key takes one statement;
     anything else (a first pop, another kind of key, no match) takes the general path, which finds
     the owner or raises, and leaves the worker to `check_in`."""
-    if apikey and apikey != ANONYMOUS_KEY:
+    if not is_anonymous_key(apikey):
         values = {"digest": hash_key(apikey), "key": worker_name_key(body.name)}
         found = (await session.execute(_OWNER_AND_WORKER, values)).one_or_none()
         if found is not None:
