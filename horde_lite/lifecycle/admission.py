@@ -69,6 +69,7 @@ class AdmissionSpec:
 @dataclass(frozen=True)
 class Admission:
     request_id: str | None
+    created_at: float  # the request's (a dry run's: when it was judged)
     kudos: float
     outcome: Outcome
     allowance: int
@@ -508,7 +509,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
     adjustments = list(row.context_adjustments)
     if spec.dry_run:  # judged like the real request; nothing is written
-        return Admission(None, cost, outcome, allowance, applied, est, adjustments, warnings)
+        return Admission(None, now, cost, outcome, allowance, applied, est, adjustments, warnings)
     await _insert(session, row)
     if outcome == "funded" or requester.shared_key is not None:
         await kudos.place_hold(
@@ -524,6 +525,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     await session.flush()
     return Admission(
         request_id=row.id,
+        created_at=row.created_at,
         kudos=cost,
         outcome=outcome,
         allowance=allowance,

@@ -21,7 +21,8 @@ Waiting, in order:
   relayed it cancels the request and fails with `WorkerFailed` (502), which a stream sends as an
   in-stream error. A request faulted by too many failures fails with `WorkerFailed`.
 - **Client gone.** The face calls `abandon()`: the request is cancelled, nothing more is handed
-  out, and a streaming worker's next progress answer says `cancel: true`.
+  out, and a streaming worker's next progress answer says `cancel: true`. A caller cancelled
+  while its request is being admitted has it cancelled once admission ends (`queue`).
 """
 
 from __future__ import annotations
@@ -121,19 +122,24 @@ async def queue(
     prompt_tokens: int | None = None,
 ) -> FrontRequest:
     """Admit and queue a front's request (`admission.decide`; HordeError for a refusal).
-    `prompt_tokens` overrides the spec's estimate where the spec keeps none (a legacy prompt)."""
-    decided = await admission.decide(horde, caller, build)
+    `prompt_tokens` overrides the spec's estimate where the spec keeps none (a legacy prompt).
+
+    A caller cancelled while admission runs (the server stopping; a cancel lands even after the
+    commit, as the call resumes) would leave a request no one waits for: admission runs in a task
+    of its own, and a caller that leaves hands it to `_abandon_once_admitted`."""
+    admitting = asyncio.ensure_future(admission.decide(horde, caller, build))
+    try:
+        decided = await asyncio.shield(admitting)
+    except asyncio.CancelledError:
+        horde.detach(_abandon_once_admitted(horde, admitting), "abandon a request being admitted")
+        raise
     spec, result = decided.spec, decided.admission
     assert result.request_id is not None
-    async with horde.transaction() as session:
-        created_at = (
-            await session.execute(select(TextRequest.created_at).where(TextRequest.id == result.request_id))
-        ).scalar_one_or_none()
     log.info("front request queued request=%s model=%s stream=%s", result.request_id, model, stream)
     return FrontRequest(
         request_id=result.request_id,
         model=model,
-        created_at=horde.clock.now() if created_at is None else created_at,
+        created_at=result.created_at,
         stream=stream,
         kudos=result.kudos if result.outcome == "funded" else 0.0,
         max_tokens=result.max_length,
@@ -141,6 +147,16 @@ async def queue(
         context_adjustments=list(result.context_adjustments),
         spec=spec,
     )
+
+
+async def _abandon_once_admitted(horde: Horde, admitting: asyncio.Future[admission.Decision]) -> None:
+    """Its caller left while `admitting` ran: once it ends, cancel the request it created."""
+    try:
+        decided = await admitting
+    except HordeError:  # refused: nothing was created
+        return
+    if decided.admission.request_id is not None:
+        await _cancel(horde, decided.admission.request_id)
 
 
 async def abandon(horde: Horde, request_id: str) -> None:

@@ -232,6 +232,33 @@ async def test_a_waiting_call_cancelled_twice_still_cancels_its_request(chat: Ch
     assert await chat.active_holds() == 0
 
 
+async def test_a_call_cancelled_at_any_moment_leaves_no_request_waiting(chat: Chat) -> None:
+    """Cancelled a little later each time (before, during and after its admission, whose commit a
+    cancel may follow before the call resumes), a call never leaves a request waiting or a hold
+    placed: what it created is cancelled. It stops once a call was cancelled while it waited."""
+    key = await chat.hc.user("owner", kudos=1_000_000)
+    big = {"max_completion_tokens": 8192, "max_context_tokens": 16384, "features": [], "image_transports": []}
+    await chat.worker(key, "w1", chat=big).pop()
+    delay, after_admission = 0.0, 0
+    while after_admission < 3:  # a few cancels after the request was visible, then stop
+        before = len(await chat.requests())
+        asking = await in_background(
+            chat.openai(key).chat.completions.create(model=MODEL, messages=HI, max_tokens=8000)
+        )
+        await asyncio.sleep(delay)
+        after_admission += len(await chat.requests()) > before
+        for handler in chat.handlers():
+            handler.cancel()
+        with contextlib.suppress(asyncio.CancelledError, openai.APIError):
+            await settled(asking)
+        assert await chat.horde.drain(within=PATIENCE) == 0
+        left = [row.state for row in await chat.requests() if row.state != "cancelled"]
+        assert left == [], f"cancelled after {delay * 1000:.0f} ms"
+        assert await chat.active_holds() == 0
+        delay += 0.001
+        assert delay < PATIENCE
+
+
 async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -> None:
     key = await chat.hc.user("owner")
     first = chat.worker(key, "first")
