@@ -20,6 +20,7 @@ from horde_lite.db.models import (
     Worker,
     WorkerModel,
 )
+from horde_lite.db.rows import insert_rows
 from horde_lite.lifecycle import chat as chat_rules
 from horde_lite.lifecycle import kudos, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
@@ -382,10 +383,9 @@ def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
 
 
 async def _insert(session: AsyncSession, row: TextRequest) -> None:
-    """Queue the admitted request: its row, its models and its entries in the queue's index."""
-    session.add(row)
-    await session.flush()  # the model rows reference it
-    session.add_all(RequestModel(request_id=row.id, model=m) for m in row.models)
+    """Queue the admitted request: its row, its models and its entries in the queue's index, as
+    Core inserts (`insert_rows`): nothing reads them back as objects in this transaction."""
+    await insert_rows(session, [row, *(RequestModel(request_id=row.id, model=m) for m in row.models)])
     await queue_index.enter(session, row)
 
 
@@ -476,7 +476,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
     if outcome == "refused" and can_pay and requester.shared_key is not None:
         # The owner could pay but the key's budget cannot: say so rather than KudosUpfront.
         if not spec.dry_run:
-            _record(session, horde, spec, judged, None, now)
+            await _record(session, horde, spec, judged, None, now)
         check_shared_key(requester.shared_key, now, spec.max_length, cost, left=key_left)
     if outcome == "refused":
         await _refuse(session, horde, spec, judged, cost, now)
@@ -517,7 +517,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
             shared_key_hash=requester.shared_key.key_hash if requester.shared_key else None,
             reserves_user=outcome == "funded",
         )  # fmt: skip
-    _record(session, horde, spec, judged, row.id, now)
+    await _record(session, horde, spec, judged, row.id, now)
     log.info(
         "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
         row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
@@ -540,7 +540,7 @@ async def _refuse(
     session: AsyncSession, horde: Horde, spec: AdmissionSpec, judged: _Judged, cost: float, now: float
 ) -> None:
     if not spec.dry_run:
-        _record(session, horde, spec, judged, None, now)
+        await _record(session, horde, spec, judged, None, now)
     est, allowance = judged.estimate, judged.allowance
     floor = horde.settings.allowance.floor
     if spec.max_length * spec.n > floor and est.eligible_workers == 0:
@@ -614,7 +614,7 @@ class _Judged:
 _REFUSAL_RECORDS = "horde_lite.refusal_records"
 
 
-def _record(
+async def _record(
     session: AsyncSession,
     horde: Horde,
     spec: AdmissionSpec,
@@ -669,7 +669,7 @@ def _record(
     if outcome == "refused":
         session.info[_REFUSAL_RECORDS] = records  # the transaction is rolled back: see `decide`
     else:
-        session.add_all(records)
+        await insert_rows(session, records)
     metrics.free_allowance_decisions.add(
         1,
         allowance_attributes(kind, outcome, spec.max_length, allowance, spec.is_chat),  # type: ignore[arg-type]
