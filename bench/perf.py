@@ -94,7 +94,7 @@ class BenchHorde(Horde):
 
 def bench_horde(url: str) -> BenchHorde:
     h = horde_for(url)
-    return BenchHorde(**{f.name: getattr(h, f.name) for f in dataclasses.fields(Horde)})
+    return BenchHorde(**{f.name: getattr(h, f.name) for f in dataclasses.fields(Horde) if f.init})
 
 
 # --- the fixture -----------------------------------------------------------------------------------

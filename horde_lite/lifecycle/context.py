@@ -12,6 +12,8 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
+from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS
+from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.mirror import QueueMirror
 from horde_lite.lifecycle.notify import Notifier
@@ -36,9 +38,13 @@ class Horde:
     # The queue and the fleet as the wait estimate reads them (made from the settings unless given).
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
 
+    _turns: WriterTurns = field(init=False, repr=False)
+
     def __post_init__(self) -> None:
         if self.mirror is None:
             self.mirror = QueueMirror(self.settings)
+        sqlite = self.engine.dialect.name == "sqlite"
+        self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
 
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)
@@ -46,8 +52,9 @@ class Horde:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """One short transaction: committed when the block ends, rolled back on any error (so a
-        refused request leaves nothing behind). Lifecycle entry points open their own."""
-        async with self.sessionmaker() as session, session.begin():
+        refused request leaves nothing behind). Lifecycle entry points open their own. On SQLite
+        this process's transactions take turns (db/writer_turns.py)."""
+        async with self._turns.turn(), self.sessionmaker() as session, session.begin():
             yield session
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:

@@ -148,7 +148,7 @@ async def as_lease_holder(
 async def sweep(horde: Horde) -> tuple[int, int]:
     """One pass of the periodic sweep, in its own short transaction."""
     now = horde.clock.now()
-    async with horde.sessionmaker() as session, session.begin():
+    async with horde.transaction() as session:
         lapsed = await lapse_expired(session, horde, now)
         expired = await expire_requests(session, horde, now)
         await change_log.prune(session)  # the notes every process has read by now
