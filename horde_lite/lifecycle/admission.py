@@ -522,7 +522,6 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
         row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
     )  # fmt: skip
-    await session.flush()
     return Admission(
         request_id=row.id,
         created_at=row.created_at,
