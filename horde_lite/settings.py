@@ -18,6 +18,8 @@ import platformdirs
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
+from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
+
 ENV_PREFIX = "HORDE_LITE_"
 CONFIG_ENV = "HORDE_LITE_CONFIG"
 DEFAULT_CONFIG = "litestar.toml"
@@ -114,10 +116,10 @@ class WorkerSettings(_Table):
     slow_tokens_per_second: float = 2.0
 
     def __post_init__(self) -> None:
-        # The change log notes a check-in that jumps by more than 5 s (a worker coming back): a
-        # worker must not go offline sooner (migration 0009, horde_lite/db/change_log.py).
-        if self.online_seconds <= 5:
-            raise ValueError("[worker] online_seconds must be > 5")
+        # The change log notes a check-in that jumps by more than this (a worker coming back): a
+        # worker must not go offline sooner.
+        if self.online_seconds <= CHECK_IN_NOTED_JUMP:
+            raise ValueError(f"[worker] online_seconds must be > {CHECK_IN_NOTED_JUMP:g}")
 
 
 class RequestSettings(_Table):
