@@ -54,12 +54,13 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
 
 
 # The job's request, found through its generation, read fresh (`populate_existing`) and locked FOR
-# UPDATE (the outer query's row only, not the subquery's); the same with the poster's users row,
-# found by its key's hash and not locked; then the generation with its worker, both locked. Built
-# once, with bound parameters: a reused statement keeps its SQLAlchemy cache key.
+# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold; the same
+# with the poster's users row, found by its key's hash and not locked; then the generation with its
+# worker, both locked. Built once, with bound parameters: a reused statement keeps its SQLAlchemy
+# cache key.
 _OWNING = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
 _REQUEST = (
-    select(TextRequest)
+    select(TextRequest, kudos.HAS_HOLD)
     .where(TextRequest.id == _OWNING)
     .execution_options(populate_existing=True)
     .with_for_update()
@@ -86,13 +87,20 @@ async def _request_and_poster(
     posting with its owner's key about a job that exists takes one statement; anything else (no
     key, the anonymous key, a shared key, an unknown key, no such job) takes the general path,
     which authenticates first and so answers as a separate authentication would."""
+    found = None
     if not is_anonymous_key(apikey):
         values = {"id": generation_id, "digest": hash_key(apikey)}
         found = (await session.execute(_REQUEST_AND_POSTER, values)).one_or_none()
-        if found is not None:
-            return found[0], found[1]
-    user = await authenticate_user(session, apikey, now)
-    return (await session.execute(_REQUEST, {"id": generation_id})).scalar_one_or_none(), user
+    if found is None:
+        user = await authenticate_user(session, apikey, now)
+        row = (await session.execute(_REQUEST, {"id": generation_id})).one_or_none()
+        if row is None:
+            return None, user
+        found = (*row, user)
+    request, has_hold, user = found
+    if not has_hold:
+        kudos.note_holdless(session, request.id)
+    return request, user
 
 
 async def load_generation_for_worker(

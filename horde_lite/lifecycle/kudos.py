@@ -9,12 +9,12 @@ from __future__ import annotations
 import math
 import re
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
-from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, User
+from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, TextRequest, User
 from horde_lite.db.rows import insert_rows
 from horde_lite.settings import KudosSettings
 
@@ -169,8 +169,27 @@ async def place_hold(
     )
 
 
+# Whether the request has a hold, as a column of a statement reading text_requests. A hold is only
+# ever placed by admission, in the transaction that inserts its request, so a reader that sees none
+# will never see one: it tells the session (`note_holdless`), whose hold statements for that request
+# then need not run (a free request's submit is a round trip shorter). A hold seen may be released
+# meanwhile: the statements run and find it inactive, as they would have anyway.
+HAS_HOLD = exists().where(KudosHold.request_id == TextRequest.id).label("has_hold")
+_HOLDLESS = "horde_lite.holdless_requests"  # session.info key: requests known to have no hold
+
+
+def note_holdless(session: AsyncSession, request_id: str) -> None:
+    session.info.setdefault(_HOLDLESS, set()).add(request_id)
+
+
+def _known_holdless(session: AsyncSession, request_id: str) -> bool:
+    return request_id in session.info.get(_HOLDLESS, ())
+
+
 async def consume_hold(session: AsyncSession, request_id: str, charged: float) -> None:
     """A charged job uses up that much of its request's hold (never below zero)."""
+    if _known_holdless(session, request_id):
+        return
     hold = await session.get(KudosHold, hold_key(request_id))
     if hold is not None and hold.active:
         hold.remaining = max(0.0, round(hold.remaining - charged, 2))
@@ -190,6 +209,8 @@ async def release_hold(session: AsyncSession, request_id: str) -> None:
     transaction) is written first and then told its new values, as the ORM's update would: its
     pending change is never written over the release. Holds are placed with Core inserts
     (`place_hold`), so none is ever pending in the session."""
+    if _known_holdless(session, request_id):
+        return
     key = hold_key(request_id)
     held = identity_key(KudosHold, key)
     if held in session.identity_map:

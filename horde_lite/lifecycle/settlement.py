@@ -37,12 +37,18 @@ async def processing_count(session: AsyncSession, request_id: str, *, besides: s
 
 async def maybe_finish(session: AsyncSession, request: TextRequest, *, ended: str | None = None) -> bool:
     """A request with nothing left to hand out and nothing running is over: release its hold.
-    True when it did. `ended`: the job whose end the caller is writing; it is not counted, and
-    the count flushes nothing, so the request's row is written once (its end with the rest)."""
+    True when it did. `ended`: the request's real job, still processing, whose end the caller is
+    writing; it is not counted, and the count flushes nothing, so the request's row is written once
+    (its end with the rest)."""
     if request.state == "waiting" and request.n_remaining > 0:
         return False
     if ended is None:
         running = await processing_count(session, request.id)
+    elif request.n_total - request.n_remaining <= 1:
+        # Real jobs are handed out only from n_remaining and given back to it when they fail, so
+        # at most n_total - n_remaining run at once; `ended` is one: none else runs (every request
+        # of n = 1), and the count's round trip is spared.
+        running = 0
     else:
         with session.no_autoflush:
             running = await processing_count(session, request.id, besides=ended)

@@ -24,7 +24,7 @@ import random
 from typing import Any
 
 import pytest
-from sqlalchemy import text
+from sqlalchemy import event, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.lifecycle.kudos import job_reward, upfront_cost
@@ -244,6 +244,44 @@ async def test_hold_released_on_expiry(client: HordeClient) -> None:
     await client.sweep()
     assert [h[3:] for h in await _holds(client)] == [(0.0, False)]
     assert await _rows(client, "SELECT id FROM text_requests") == []
+    await reconcile(client)
+
+
+async def test_a_submit_touches_holds_and_counts_jobs_only_where_they_can_be(client: HordeClient) -> None:
+    """A free request has no hold, and a request of n = 1 runs one job at a time: the submit that
+    ends it sends no statement of kudos_holds beyond its request's read, and no count of running
+    jobs. A funded request of n = 2 still takes its first charge from its hold, then counts its
+    other job and releases the hold with its last."""
+    owner = await client.user("owner")
+    rich = await client.user("rich", kudos=1000)
+    free = await client.create(rich, models=["a-7B"])
+    funded = await client.create(rich, models=["m-12B"], slow_workers=False, params={"n": 2})
+    assert [h[1] for h in await _holds(client)] == [funded.json()["id"]]  # the free one holds nothing
+    statements: list[str] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    async def submit_one(model: str) -> tuple[list[str], list[str]]:
+        job = (await client.pop(owner, "w1", models=[model])).json()
+        statements.clear()
+        engine = client.horde.engine.sync_engine
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            assert (await client.submit(owner, job["id"], "x" * 40)).status_code == 200
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+        holds = [s for s in statements if "kudos_holds" in s and "FROM text_requests" not in s]
+        return holds, [s for s in statements if "count(generations.id)" in s]
+
+    assert await submit_one("a-7B") == ([], [])
+    first_holds, first_counts = await submit_one("m-12B")
+    assert (bool(first_holds), first_counts) == (True, []), first_holds
+    last_holds, last_counts = await submit_one("m-12B")
+    assert (len(last_holds), len(last_counts)) == (1, 1), (last_holds, last_counts)
+    assert [h[3:] for h in await _holds(client)] == [(0.0, False)]
+    assert (await client.status(free.json()["id"])).json()["done"] is True
+    assert (await client.status(funded.json()["id"])).json()["done"] is True
     await reconcile(client)
 
 
