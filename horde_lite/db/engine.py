@@ -22,6 +22,19 @@ SQLITE_BUSY_TIMEOUT_MS = 30_000
 POOL = {"sqlite": (15, 0), "postgresql": (20, 10)}
 
 
+# The execution options of a connection that only reads, one statement at a time, outside any
+# transaction (`Horde.reading`): autocommit on PostgreSQL (no BEGIN or COMMIT round trip); on
+# SQLite, whose connections are in autocommit already (their transactions begin in `_on_begin`),
+# the mark that tells `_on_begin` not to begin one, so no write lock is taken.
+READ_ONLY = "horde_lite_read_only"
+
+
+def reading_options(engine: AsyncEngine) -> dict[str, Any]:
+    if engine.dialect.name == "sqlite":
+        return {READ_ONLY: True}
+    return {READ_ONLY: True, "isolation_level": "AUTOCOMMIT"}
+
+
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
@@ -110,7 +123,8 @@ def _sqlite_pragmas(engine: AsyncEngine, *, begin_immediate: bool = True) -> Non
 
     @event.listens_for(engine.sync_engine, "begin")
     def _on_begin(conn: Any) -> None:
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        if not conn.get_execution_options().get(READ_ONLY):
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
 
 
 def make_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:

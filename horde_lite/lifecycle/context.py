@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
-from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS
+from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, reading_options
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.mirror import QueueMirror
@@ -56,6 +56,17 @@ class Horde:
         this process's transactions take turns (db/writer_turns.py)."""
         async with self._turns.turn(), self.sessionmaker() as session, session.begin():
             yield session
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[AsyncSession]:
+        """A session that only reads, outside any transaction: each statement reads one snapshot
+        of its own. No BEGIN or COMMIT round trip on PostgreSQL, and on SQLite neither the write
+        lock nor this process's turn. Nothing is ever written through it (on PostgreSQL it would
+        commit at once): a reader that finds it must write goes on in `transaction()`."""
+        async with self.engine.connect() as conn:
+            await conn.execution_options(**reading_options(self.engine))
+            async with self.sessionmaker(bind=conn) as session:
+                yield session
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         """Run `work` in a task of its own (lifecycle/tasks.py): a cancelled caller cannot cut its

@@ -67,8 +67,19 @@ class RequestStatus:
     generations: list[FinishedGeneration]  # finished ones only, in submit order
 
 
+class _LapseSeen(Exception):
+    """A read outside a transaction found a job whose lease ran out: it is honoured in one."""
+
+
 async def read(horde: Horde, request_id: str) -> RequestStatus:
-    """GET /generate/text/status/{id} (no key needed)."""
+    """GET /generate/text/status/{id} (no key needed). Clients poll it: it reads outside a
+    transaction (`Horde.reading`), and only a read that finds a lapsed job reads again in one,
+    which honours the lapse."""
+    try:
+        async with horde.reading() as session:
+            return await status(session, horde, request_id, may_write=False)
+    except _LapseSeen:
+        pass
     async with horde.transaction() as session:
         return await status(session, horde, request_id)
 
@@ -80,7 +91,11 @@ async def cancel_and_read(horde: Horde, request_id: str) -> RequestStatus:
         return await status(session, horde, request_id)
 
 
-async def status(session: AsyncSession, horde: Horde, request_id: str) -> RequestStatus:
+async def status(
+    session: AsyncSession, horde: Horde, request_id: str, *, may_write: bool = True
+) -> RequestStatus:
+    """The request's status; a lapsed job of it is honoured first. `may_write` false (a session
+    that only reads): such a job raises `_LapseSeen` instead."""
     now = horde.clock.now()
     # The request's counters and its jobs in ONE statement (with what the wait estimate reads first
     # of the request, which saves it a statement), so they come from one snapshot: under
@@ -91,6 +106,9 @@ async def status(session: AsyncSession, horde: Horde, request_id: str) -> Reques
     values = {"request_id": request_id}
     rows = (await session.execute(_READ, values)).all()
     if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
+        if not may_write:
+            await asyncio.shield(caught_up)  # no read left running behind the answer
+            raise _LapseSeen()
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
         # read no statement of its own when there is none. The second read refreshes the jobs the

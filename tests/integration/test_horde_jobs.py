@@ -235,6 +235,32 @@ async def test_a_status_read_honours_a_lapse_before_the_sweep(client: HordeClien
     assert await client.sweep() == (0, 0)  # nothing left for the sweep
 
 
+async def test_a_status_poll_reads_outside_any_transaction(client: HordeClient, db_url: str) -> None:
+    """Clients poll status: its read opens no transaction, so on SQLite it answers while another
+    transaction of the process holds the write lock and its turn (it waited for both before), and
+    on PostgreSQL its statement runs in autocommit (no BEGIN or COMMIT round trip)."""
+    owner = await client.user("owner")
+    request_id = (await client.create(ANON)).json()["id"]
+    await client.pop(owner, "w1")
+    isolation: list[object] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "FROM text_requests" in statement:
+            isolation.append(conn.get_execution_options().get("isolation_level"))
+
+    engine = client.horde.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        async with client.horde.transaction() as session:  # a writer holds its transaction open
+            await session.execute(text("UPDATE workers SET name = name"))
+            polled = await asyncio.wait_for(client.status(request_id), timeout=10)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert polled.status_code == 200, polled.text
+    assert (polled.json()["processing"], polled.json()["waiting"]) == (1, 0)
+    assert isolation == (["AUTOCOMMIT"] if is_postgres(db_url) else [None])
+
+
 @pytest.mark.postgres_only
 async def test_a_status_read_counts_a_job_lapsed_by_another_transaction_once(
     client: HordeClient, db_url: str
