@@ -31,7 +31,7 @@ async def model_status(horde: Horde, *, kind: str = "text", name: str | None = N
     /status/models/{name}: that model's record in a list, empty when no worker serves it."""
     if kind not in ("text", "all") or (name is not None and (len(name) > 255 or "\x00" in name)):
         return []  # no such model (and nothing a column could hold)
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         return await text_models(session, horde, name=name)
 
 

@@ -43,7 +43,7 @@ async def read(horde: Horde) -> OpsSnapshot:
         .where(worker_online(Worker, horde.rules(now)))
         .group_by(WorkerModel.model, chat)
     )
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         waiting_rows = (await session.execute(waiting)).all()
         online_rows = (await session.execute(online)).all()
     return OpsSnapshot(

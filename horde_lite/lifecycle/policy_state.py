@@ -197,7 +197,7 @@ async def history(target: Horde | AsyncEngine, limit: int = 50) -> list[ChangeVi
 
 async def policies_view(horde: Horde) -> PoliciesView:
     """The database's policy in force per kind, next to what this process applies."""
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         state = await read_state(session)
     applied = horde.policies  # read once: the view describes one object even if a swap follows
     kinds = []
@@ -235,7 +235,7 @@ async def apply_changes(horde: Horde, failed: dict[str, int] | None = None) -> l
 
     Returns the kinds switched. `failed` remembers (kind -> version) builds that failed, so each
     failure is logged once; a kind that fails keeps its old policy (and its old version)."""
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         state = await read_state(session)
     current = horde.policies
     built: dict[str, Any] = {}

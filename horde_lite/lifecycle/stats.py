@@ -62,7 +62,7 @@ def _online(horde: Horde, now: float) -> list[ColumnElement[bool]]:
 async def performance(horde: Horde) -> Performance:
     now = horde.clock.now()
     queued = (TextRequest.state == "waiting", TextRequest.expires_at > now)
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         requests, waiting_tokens = (
             await session.execute(
                 select(
@@ -118,7 +118,7 @@ async def text_totals(horde: Horde) -> dict[str, PeriodTotal]:
     """Finished jobs and their tokens in the past minute, hour, day and month, and in all time."""
     now = horde.clock.now()
     out: dict[str, PeriodTotal] = {}
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         for period, seconds in PERIODS.items():
             requests, tokens = (
                 await session.execute(
@@ -144,7 +144,7 @@ async def text_model_totals(horde: Horde) -> dict[str, dict[str, int]]:
     """Finished jobs per model in the past day, the past month, and all that the horde holds."""
     now = horde.clock.now()
     out: dict[str, dict[str, int]] = {}
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         for period, since in (
             ("day", now - PERIODS["day"]),
             ("month", now - PERIODS["month"]),

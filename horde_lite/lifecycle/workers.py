@@ -249,21 +249,21 @@ async def list_workers(
     query = query.where(Worker.deleted_at.is_(None))
     if name is not None:
         query = query.where(Worker.name_key == worker_name_key(name))
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         rows = (await session.execute(query.order_by(Worker.name))).scalars().all()
     return [_record(w, horde.settings, now) for w in rows]
 
 
 async def worker_by_id(horde: Horde, worker_id: str) -> WorkerRecord:
     """One worker, online or not (GET /workers/{id})."""
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         worker = await _live_worker(session, worker_id)
     return _record(worker, horde.settings, horde.clock.now())
 
 
 async def worker_by_name(horde: Horde, name: str) -> WorkerRecord:
     """One worker by name, compared by its key (GET /workers/name/{name})."""
-    async with horde.transaction() as session:
+    async with horde.reading() as session:
         query = select(Worker).where(Worker.name_key == worker_name_key(name))
         worker = (await session.execute(query)).scalar_one_or_none()
     if worker is None:
