@@ -10,7 +10,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
-from horde_lite.db.engine import make_engine
+from horde_lite.db.engine import make_engine, reading_options
 from tests.conftest import is_postgres
 
 
@@ -46,4 +46,30 @@ async def test_a_pooled_connection_is_handed_out_without_a_ping_and_replaced_onc
         async with engine.begin() as conn:  # no error: the pool replaced the closed connection
             assert await conn.scalar(text("SELECT pg_backend_pid()")) != pid
     finally:
+        await engine.dispose()
+
+
+async def test_a_connection_that_read_outside_a_transaction_returns_to_the_pool_as_it_came(
+    db_url: str,
+) -> None:
+    """`Horde.reading`'s autocommit (PostgreSQL) or its mark (SQLite) must not outlive its use: the
+    next transaction on the same pooled connection is a real one, whose write a rollback undoes."""
+    engine = make_engine(db_url)  # pooled, as in production
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(text("CREATE TABLE pool_probe (n INTEGER)"))
+        async with engine.connect() as conn:
+            await conn.execution_options(**reading_options(engine))
+            first = (await conn.get_raw_connection()).driver_connection
+            assert await conn.scalar(text("SELECT count(*) FROM pool_probe")) == 0
+        async with engine.connect() as conn:
+            assert (await conn.get_raw_connection()).driver_connection is first  # the same one
+            transaction = await conn.begin()
+            await conn.execute(text("INSERT INTO pool_probe VALUES (1)"))
+            await transaction.rollback()
+        async with engine.connect() as conn:
+            assert await conn.scalar(text("SELECT count(*) FROM pool_probe")) == 0
+    finally:
+        async with engine.begin() as conn:
+            await conn.execute(text("DROP TABLE IF EXISTS pool_probe"))
         await engine.dispose()
