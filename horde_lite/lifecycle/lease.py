@@ -53,6 +53,11 @@ class JobLapsed(HordeError):
         super().__init__("AbortedGen", LAPSED)
 
 
+class LapseSeen(Exception):
+    """A read outside a transaction (`Horde.reading`) found a running job whose lease ran out: the
+    caller reads again in a transaction, which honours the lapse first (`lapse_expired`)."""
+
+
 # The requests with a lapsed job (at most 500 a pass), built once: every status read asks it of its
 # own request (a submit or progress post finds its own job's lapse as it loads it).
 _LAPSED = (

@@ -14,7 +14,7 @@ from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import HEAD_WIDTH, estimate, head_columns, queued
-from horde_lite.lifecycle.lease import lapse_expired, lease_ran_out
+from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out
 from horde_lite.lifecycle.settlement import maybe_finish
 
 FINISHED = ("ok", "censored")
@@ -67,10 +67,6 @@ class RequestStatus:
     generations: list[FinishedGeneration]  # finished ones only, in submit order
 
 
-class _LapseSeen(Exception):
-    """A read outside a transaction found a job whose lease ran out: it is honoured in one."""
-
-
 async def read(horde: Horde, request_id: str) -> RequestStatus:
     """GET /generate/text/status/{id} (no key needed). Clients poll it: it reads outside a
     transaction (`Horde.reading`), and only a read that finds a lapsed job reads again in one,
@@ -78,7 +74,7 @@ async def read(horde: Horde, request_id: str) -> RequestStatus:
     try:
         async with horde.reading() as session:
             return await status(session, horde, request_id, may_write=False)
-    except _LapseSeen:
+    except LapseSeen:
         pass
     async with horde.transaction() as session:
         return await status(session, horde, request_id)
@@ -95,7 +91,7 @@ async def status(
     session: AsyncSession, horde: Horde, request_id: str, *, may_write: bool = True
 ) -> RequestStatus:
     """The request's status; a lapsed job of it is honoured first. `may_write` false (a session
-    that only reads): such a job raises `_LapseSeen` instead."""
+    that only reads): such a job raises `LapseSeen` instead."""
     now = horde.clock.now()
     # The request's counters and its jobs in ONE statement (with what the wait estimate reads first
     # of the request, which saves it a statement), so they come from one snapshot: under
@@ -108,7 +104,7 @@ async def status(
     if any(g is not None and lease_ran_out(g, now) for *_, g, _ in rows):
         if not may_write:
             await asyncio.shield(caught_up)  # no read left running behind the answer
-            raise _LapseSeen()
+            raise LapseSeen()
         # Lapses are honoured by this read even between two sweeps: the jobs are given back (the
         # lapse locks and checks again), then read again. Seen in the rows, a lapse costs a status
         # read no statement of its own when there is none. The second read refreshes the jobs the

@@ -46,7 +46,7 @@ from horde_lite.lifecycle import status as status_rules
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.lease import lapse_expired
+from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out
 from horde_lite.lifecycle.worker_output import (
     count,
     finish_reason,
@@ -269,32 +269,47 @@ class Waiter:
             await asyncio.wait_for(self._event.wait(), max(seconds, MIN_PAUSE_SECONDS))
 
     async def _snapshot(self, *, check_eligible: bool) -> _Snapshot:
+        """The request as it stands, read outside a transaction (`Horde.reading`): a waiting call
+        reads at every wake-up. A running job found with its lease run out is honoured first, in a
+        transaction, and the request read again there."""
+        now = self.horde.clock.now()
+        try:
+            async with self.horde.reading() as session:
+                return await self._read(session, now, check_eligible=check_eligible, may_write=False)
+        except LapseSeen:
+            pass
+        async with self.horde.transaction() as session:
+            await lapse_expired(session, self.horde, now, request_id=self.request.request_id)
+            return await self._read(session, now, check_eligible=check_eligible, may_write=True)
+
+    async def _read(
+        self, session: AsyncSession, now: float, *, check_eligible: bool, may_write: bool
+    ) -> _Snapshot:
         horde = self.horde
         request_id = self.request.request_id
-        now = horde.clock.now()
-        async with horde.transaction() as session:
-            await lapse_expired(session, horde, now, request_id=request_id)
-            request = await session.get(TextRequest, request_id)
-            if request is None:
-                return _Snapshot(state=None)
-            snap = _Snapshot(state=request.state, failures=request.failures, kudos_spent=request.kudos_spent)
-            rows = (
-                await session.execute(
-                    select(Generation)
-                    .where(Generation.request_id == request_id, Generation.fake.is_(False))
-                    .order_by(Generation.popped_at)
-                )
-            ).scalars()
-            for g in rows:
-                if g.state in status_rules.FINISHED:
-                    snap.finished = _gen(g)
-                elif g.state == "processing":
-                    snap.processing = _gen(g)
-            unassigned = snap.processing is None and snap.finished is None and request.state == "waiting"
-            if check_eligible and unassigned:
-                snap.eligible = await eligible_worker_count(session, horde, request_id, now)
-                if snap.eligible == 0:
-                    snap.gap = await admission.declaration_gap(session, horde, self.request.spec, now)
+        request = await session.get(TextRequest, request_id)
+        if request is None:
+            return _Snapshot(state=None)
+        snap = _Snapshot(state=request.state, failures=request.failures, kudos_spent=request.kudos_spent)
+        rows = (
+            await session.execute(
+                select(Generation)
+                .where(Generation.request_id == request_id, Generation.fake.is_(False))
+                .order_by(Generation.popped_at)
+            )
+        ).scalars()
+        for g in rows:
+            if not may_write and lease_ran_out(g, now):
+                raise LapseSeen()
+            if g.state in status_rules.FINISHED:
+                snap.finished = _gen(g)
+            elif g.state == "processing":
+                snap.processing = _gen(g)
+        unassigned = snap.processing is None and snap.finished is None and request.state == "waiting"
+        if check_eligible and unassigned:
+            snap.eligible = await eligible_worker_count(session, horde, request_id, now)
+            if snap.eligible == 0:
+                snap.gap = await admission.declaration_gap(session, horde, self.request.spec, now)
         return snap
 
     async def _fail(self, error: HordeError) -> HordeError:

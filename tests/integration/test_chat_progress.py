@@ -15,9 +15,11 @@ from typing import Any
 import msgspec
 import openai
 import pytest
+from sqlalchemy import event
 
 from horde_lite.api.openai.schemas import ChatCompletionInput, to_payload
 from horde_lite.clock import ManualClock
+from horde_lite.db.engine import READ_ONLY
 from horde_lite.lifecycle import chat_front
 from horde_lite.lifecycle.context import Caller
 from horde_lite.lifecycle.waiting import Delta, Final, Waiter
@@ -277,6 +279,36 @@ async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -
     assert (late.status_code, late.json()["rc"]) == (400, "AbortedGen")
     request = await chat.until_request()
     assert (await chat.hc.status(request.id)).json()["restarted"] == 1
+
+
+async def test_a_waiting_call_reads_outside_transactions_until_it_meets_a_lapse(chat: Chat) -> None:
+    """A waiting /v1 call reads its request at every wake-up outside any transaction (no write lock
+    on SQLite, no BEGIN or COMMIT on PostgreSQL); only a read that meets a lapsed job goes on in a
+    transaction, which gives the job back, and the call then follows the new one."""
+    reads: list[bool] = []  # per read of the call's jobs: outside a transaction?
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "ORDER BY generations.popped_at" in statement:
+            reads.append(bool(conn.get_execution_options().get(READ_ONLY)))
+
+    engine = chat.horde.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        key = await chat.hc.user("owner")
+        first, second = chat.worker(key, "first"), chat.worker(key, "second")
+        await first.pop()
+        await second.pop()
+        stream, _job = await start_stream(chat, first)
+        reading = await in_background(gather_stream(stream))
+        chat.clock.advance(chat.horde.settings.lease.base_seconds + 1)
+        await second.serve("After the lapse.")
+        chunks, error = await settled(reading)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert (error, joined(chunks)) == (None, "After the lapse.")
+    assert reads[0] is True, reads
+    assert reads.count(False) >= 1, reads  # the read that met the lapse, in a transaction
+    assert reads[-1] is True, reads
 
 
 async def test_a_lapse_after_output_ends_the_stream_with_an_error_event(chat: Chat) -> None:
