@@ -83,24 +83,19 @@ def make_engine(
     if is_sqlite(url):
         _sqlite_pragmas(engine, begin_immediate=not reader)
     elif engine.dialect.driver == "asyncpg":
-        engine.dialect.do_ping = _ping_if_closed  # type: ignore[method-assign]
+        engine.dialect.do_ping = _ping_once  # type: ignore[method-assign]
     return engine
 
 
-def _ping_if_closed(dbapi_connection: Any) -> bool:
-    """The pool's check of a connection before use, without a round trip. asyncpg reads the
-    server's end of a connection as soon as it arrives (a restart, `pg_terminate_backend`: about a
-    millisecond later) and marks the connection closed; only such a connection is pinged, which
-    raises the disconnect the pool answers by replacing it and every connection opened before it.
-    A connection that dies unseen (a network lost without a word) fails its first statement instead,
-    as it would have failed a ping: that call is a retryable 503 and the pool is replaced the same
-    way. (SQLAlchemy's own asyncpg ping is three round trips at every checkout: a query wrapped in
-    a transaction of its own.)"""
-    driver = dbapi_connection.driver_connection
-    if not driver.is_closed():
-        return True
+def _ping_once(dbapi_connection: Any) -> bool:
+    """The pool's check of a connection before use, in one round trip. SQLAlchemy's asyncpg ping
+    wraps it in a transaction of its own (for pgbouncer's transaction mode, which horde_lite's
+    prepared statements rule out anyway): three round trips at every checkout. A failure is raised
+    as the adapter's own ping raises it, so the pool still sees a lost connection and replaces it.
+    The driver's own view is not enough: between the server's termination message and the socket's
+    close asyncpg calls a connection neither closed nor usable (decision 0045)."""
     try:
-        dbapi_connection.await_(driver.fetchrow(";"))
+        dbapi_connection.await_(dbapi_connection.driver_connection.fetchrow(";"))
     except Exception as error:
         dbapi_connection._handle_exception(error)
     return True
