@@ -58,6 +58,19 @@ class LapseSeen(Exception):
     caller reads again in a transaction, which honours the lapse first (`lapse_expired`)."""
 
 
+async def read_honouring_lapses(horde: Horde, read: Callable[[AsyncSession, bool], Awaitable[T]]) -> T:
+    """`read(session, may_write)` outside any transaction (may_write False: no write lock on SQLite,
+    no BEGIN or COMMIT on PostgreSQL); only when it meets a lapsed job (`LapseSeen`) again in a
+    transaction (may_write True), where it honours the lapse first. For reads that clients poll."""
+    try:
+        async with horde.reading() as session:
+            return await read(session, False)
+    except LapseSeen:
+        pass
+    async with horde.transaction() as session:
+        return await read(session, True)
+
+
 # The requests with a lapsed job (at most 500 a pass), built once: every status read asks it of its
 # own request (a submit or progress post finds its own job's lapse as it loads it).
 _LAPSED = (

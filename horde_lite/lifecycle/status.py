@@ -14,7 +14,7 @@ from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import HEAD_WIDTH, estimate, head_columns, queued
-from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out
+from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out, read_honouring_lapses
 from horde_lite.lifecycle.settlement import maybe_finish
 
 FINISHED = ("ok", "censored")
@@ -69,15 +69,11 @@ class RequestStatus:
 
 async def read(horde: Horde, request_id: str) -> RequestStatus:
     """GET /generate/text/status/{id} (no key needed). Clients poll it: it reads outside a
-    transaction (`Horde.reading`), and only a read that finds a lapsed job reads again in one,
-    which honours the lapse."""
-    try:
-        async with horde.reading() as session:
-            return await status(session, horde, request_id, may_write=False)
-    except LapseSeen:
-        pass
-    async with horde.transaction() as session:
-        return await status(session, horde, request_id)
+    transaction, and only a read that finds a lapsed job reads again in one, which honours the
+    lapse (`read_honouring_lapses`)."""
+    return await read_honouring_lapses(
+        horde, lambda session, may_write: status(session, horde, request_id, may_write=may_write)
+    )
 
 
 async def cancel_and_read(horde: Horde, request_id: str) -> RequestStatus:

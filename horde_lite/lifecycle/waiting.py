@@ -46,7 +46,7 @@ from horde_lite.lifecycle import status as status_rules
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out
+from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out, read_honouring_lapses
 from horde_lite.lifecycle.worker_output import (
     count,
     finish_reason,
@@ -269,22 +269,22 @@ class Waiter:
             await asyncio.wait_for(self._event.wait(), max(seconds, MIN_PAUSE_SECONDS))
 
     async def _snapshot(self, *, check_eligible: bool) -> _Snapshot:
-        """The request as it stands, read outside a transaction (`Horde.reading`): a waiting call
-        reads at every wake-up. A running job found with its lease run out is honoured first, in a
-        transaction, and the request read again there."""
+        """The request as it stands: a waiting call reads at every wake-up, outside a transaction
+        unless it meets a lapsed job, which is honoured first (`read_honouring_lapses`)."""
         now = self.horde.clock.now()
-        try:
-            async with self.horde.reading() as session:
-                return await self._read(session, now, check_eligible=check_eligible, may_write=False)
-        except LapseSeen:
-            pass
-        async with self.horde.transaction() as session:
-            await lapse_expired(session, self.horde, now, request_id=self.request.request_id)
-            return await self._read(session, now, check_eligible=check_eligible, may_write=True)
+        return await read_honouring_lapses(
+            self.horde,
+            lambda session, may_write: self._read(
+                session, now, check_eligible=check_eligible, may_write=may_write
+            ),
+        )
 
     async def _read(
         self, session: AsyncSession, now: float, *, check_eligible: bool, may_write: bool
     ) -> _Snapshot:
+        """`may_write`: a lapsed job of the request is honoured first; else one raises `LapseSeen`."""
+        if may_write:
+            await lapse_expired(session, self.horde, now, request_id=self.request.request_id)
         horde = self.horde
         request_id = self.request.request_id
         request = await session.get(TextRequest, request_id)
