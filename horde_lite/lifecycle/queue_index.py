@@ -232,31 +232,52 @@ def _values(
     return values
 
 
+@dataclass(frozen=True, slots=True)
+class Page:
+    """One page of a walk: its rows, one per request (first appearance), `(request_id,
+    effective_start, created_at)`, and where the next page starts (None: the walk ran out)."""
+
+    rows: list[Any]
+    after: Position | None
+
+
+async def page(
+    session: AsyncSession,
+    models: Sequence[str] | None,
+    *,
+    size: int,
+    limits: Limits | None = None,
+    after: Position | None = None,
+) -> Page:
+    """The page of the walk (see `walk`) that starts after `after` (None: at the head)."""
+    walked = None if models is None or len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
+    chat = None if limits is None else limits.chat
+    conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
+    shape = _Shape(None if walked is None else len(walked), chat, after is not None)
+    rows = (await conn.execute(_statement(shape), _values(walked, size, limits, after))).all()
+    seen: dict[str, Any] = {}
+    for row in rows:
+        seen.setdefault(row[0], row)
+    last = rows[-1] if len(rows) == size else None
+    return Page(list(seen.values()), None if last is None else Position(last[1], last[2], last[0]))
+
+
 async def walk(
     session: AsyncSession,
     models: Sequence[str] | None,
     *,
     size: int,
     limits: Limits | None = None,
+    first: Page | None = None,
 ) -> AsyncIterator[list[Any]]:
     """Pages of the waiting requests in queue order that ask for one of `models` or for any model
     (None: every waiting request), skipping those whose lengths exceed `limits`, until it runs out;
     the caller stops early when it has what it needs. Each page holds `size` rows at most, one per
-    request (first appearance): `(request_id, effective_start, created_at)`."""
-    walked = None if models is None or len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
-    chat = None if limits is None else limits.chat
-    conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
-    after: Position | None = None
-    while True:
-        shape = _Shape(None if walked is None else len(walked), chat, after is not None)
-        rows = (await conn.execute(_statement(shape), _values(walked, size, limits, after))).all()
-        if not rows:
+    request (first appearance): `(request_id, effective_start, created_at)`. `first`: the first
+    page, read already (by a pop before its transaction); the walk goes on after it."""
+    current = first if first is not None else await page(session, models, size=size, limits=limits)
+    while current.rows:
+        yield current.rows
+        if current.after is None:
             return
-        seen: dict[str, Any] = {}
-        for row in rows:
-            seen.setdefault(row[0], row)
-        yield list(seen.values())
-        if len(rows) < size:
-            return
-        last = rows[-1]
-        after = Position(last[1], last[2], last[0])
+        current = await page(session, models, size=size, limits=limits, after=current.after)
