@@ -25,7 +25,14 @@ from horde_lite.lifecycle.eligibility import (
     request_offered,
 )
 from horde_lite.lifecycle.inputs import PopInput
-from horde_lite.lifecycle.workers import authenticate_worker, check_in, effective_speed
+from horde_lite.lifecycle.workers import (
+    authenticate_worker,
+    check_in,
+    check_in_need,
+    effective_speed,
+    owner_and_worker,
+    stamp_check_in,
+)
 from horde_lite.metrics import wait_attributes
 from horde_lite.policies.protocols import Assignment, GateInputs, PopCheck
 from horde_lite.policies.registry import Policies
@@ -93,10 +100,18 @@ def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
 
 
 async def _candidate(
-    session: AsyncSession, horde: Horde, policies: Policies, worker: Worker, now: float, *, fake: bool
+    session: AsyncSession,
+    horde: Horde,
+    policies: Policies,
+    worker: Worker,
+    now: float,
+    *,
+    fake: bool,
+    page: queue_index.Page | None = None,
 ) -> tuple[TextRequest, bool | None] | None:
     """The first request this worker may take, in queue order: its owner's and priority users'
     requests first, then everyone's by effective start (priority ageing without rewrites).
+    `page`: the first page of the walk, when the pop read it before its transaction.
 
     Both are index-driven: the preferred users' requests through the user index, everyone's by
     walking the queue's index over the worker's models a page at a time (lifecycle/queue_index.py);
@@ -119,7 +134,7 @@ async def _candidate(
         return await first("user", users=preferred)  # a worker in maintenance takes only its owner's
     paged = False
     async for rows in queue_index.walk(
-        session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker)
+        session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker), first=page
     ):
         ids = [row[0] for row in rows]
         # The first page is judged with the preferred users' requests, which go first.
@@ -204,26 +219,42 @@ def _job_model(request: TextRequest, worker: Worker) -> str:
     return next((m for m in request.models if m in served), request.models[0] if request.models else "")
 
 
+@dataclass(frozen=True, slots=True)
+class Looked:
+    """What a pop read before its transaction (`_look`): its owner and worker, whose check-in
+    needs at most its time written, and the first page of the worker's part of the queue."""
+
+    owner: User
+    worker: Worker
+    stamp: bool  # the check-in time is due
+    page: queue_index.Page
+
+
 async def pop(
-    session: AsyncSession, horde: Horde, owner: User, body: PopInput, *, worker: Worker | None = None
+    session: AsyncSession,
+    horde: Horde,
+    owner: User,
+    body: PopInput,
+    *,
+    worker: Worker | None = None,
+    looked: Looked | None = None,
 ) -> tuple[Worker, Job | None]:
-    """`worker`: the named worker's row when the caller read it locked with its owner."""
+    """`worker`: the named worker's row when the caller read it locked with its owner. `looked`:
+    what the pop read before its transaction; its worker is not checked in again (nothing but the
+    time would change) and not locked (its row's rules are judged by the claim's own statement)."""
     now = horde.clock.now()
     settings = horde.settings
     policies = horde.policies  # one snapshot: a live switch must not mix two gates in one pop
-    worker = await check_in(session, owner, body, settings, now, worker=worker)
+    if looked is None:
+        worker = await check_in(session, owner, body, settings, now, worker=worker)
+    else:
+        worker = looked.worker
+        if looked.stamp:
+            await stamp_check_in(session, worker, now)
     fake = worker.paused
-    if not fake:  # a paused worker's pops serve fake jobs, which no metric records
-        policies.shadow_metrics.on_pop(
-            horde.metrics,
-            PopCheck(
-                worker_id=worker.id,
-                worker_trusted=worker.trusted,
-                capacity=worker.capacity,
-                chat_max_completion_tokens=worker.chat_max_completion_tokens,
-            ),
-        )
-    found = await _candidate(session, horde, policies, worker, now, fake=fake)
+    _count_pop(horde, policies, worker)
+    page = None if looked is None else looked.page
+    found = await _candidate(session, horde, policies, worker, now, fake=fake, page=page)
     if found is None:
         return worker, None
     request, capable = found
@@ -305,11 +336,58 @@ class Popped:
     skipped: dict[str, int]  # with no offer: waiting requests this worker is too small for, by reason
 
 
+def _count_pop(horde: Horde, policies: Policies, worker: Worker) -> None:
+    """The shadow metrics' count of pops, once per pop whichever way it is answered."""
+    if not worker.paused:  # a paused worker's pops serve fake jobs, which no metric records
+        policies.shadow_metrics.on_pop(
+            horde.metrics,
+            PopCheck(
+                worker_id=worker.id,
+                worker_trusted=worker.trusted,
+                capacity=worker.capacity,
+                chat_max_completion_tokens=worker.chat_max_completion_tokens,
+            ),
+        )
+
+
+async def _look(horde: Horde, caller: Caller, body: PopInput) -> Popped | Looked | None:
+    """A pop's reads before its transaction, outside any: the owner and worker, whether its
+    check-in would write, and the first page of the worker's part of the queue. Most pops of a
+    horde are idle workers' polls: when nothing is to be written and the page is empty, the pop is
+    answered here (`Popped`), and takes neither SQLite's write lock and a writer turn nor
+    PostgreSQL's BEGIN and row lock. A page with requests (`Looked`) is judged and claimed in the
+    transaction, which walks on from it. None: the pop changes its worker's declarations, is its
+    first, is refused, or its worker is paused or in maintenance; it goes the whole way in the
+    transaction."""
+    now = horde.clock.now()
+    async with horde.reading() as session:
+        named = await owner_and_worker(session, caller.apikey, body.name)
+        if named is None:
+            return None
+        owner, worker = named
+        need = await check_in_need(session, worker, owner, body, horde.settings, now)
+        if need == "all" or worker.paused or worker.maintenance:
+            return None
+        limits = queue_index.Limits.of(worker)
+        page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
+        if page.rows or need == "time":
+            return Looked(owner=owner, worker=worker, stamp=need == "time", page=page)
+        _count_pop(horde, horde.policies, worker)
+        return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
+
+
 async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
-    """POST /generate/text/pop: authenticate the worker's owner, check the worker in, claim a job."""
+    """POST /generate/text/pop: authenticate the worker's owner, check the worker in, claim a job;
+    an idle poll is answered before any transaction (`_look`)."""
+    looked = await _look(horde, caller, body)
+    if isinstance(looked, Popped):
+        return looked
     async with horde.transaction() as session:
-        owner, named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
-        worker, job = await pop(session, horde, owner, body, worker=named)
+        if looked is None:
+            owner, named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
+            worker, job = await pop(session, horde, owner, body, worker=named)
+        else:
+            worker, job = await pop(session, horde, looked.owner, body, looked=looked)
         if job is None:
             return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
         request = job.request

@@ -8,11 +8,12 @@ import re
 import unicodedata
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
-from sqlalchemy import bindparam, delete, select
+from sqlalchemy import bindparam, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
 from horde_lite.db.models import User, Worker, WorkerModel
@@ -100,14 +101,26 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
 _WORKER_BY_KEY_LOCKED = select(Worker).where(Worker.name_key == bindparam("key")).with_for_update()
 
 
-# The key's user and the named worker's row (locked) in one statement: a pop's common case.
-_OWNER_AND_WORKER = (
+# The key's user and the named worker's row in one statement: a pop's common case. Joined on the
+# name alone: a worker of another owner is found, and refused by `check_in`.
+_OWNER_AND_NAMED = (
     select(User, Worker)
-    # Joined on the name alone: a worker of another owner is found, and refused by `check_in`.
     .join_from(User, Worker, Worker.name_key == bindparam("key"))
     .where(User.api_key_hash == bindparam("digest"))
-    .with_for_update(of=Worker)
 )
+_OWNER_AND_WORKER = _OWNER_AND_NAMED.with_for_update(of=Worker)  # for the check-in that may write
+
+
+async def owner_and_worker(
+    session: AsyncSession, apikey: str | None, name: str
+) -> tuple[User, Worker] | None:
+    """The key's user and its named worker, read without a lock (an idle pop's first read); None
+    for the anonymous key or when either is missing."""
+    if is_anonymous_key(apikey):
+        return None
+    values = {"digest": hash_key(apikey), "key": worker_name_key(name)}
+    found = (await session.execute(_OWNER_AND_NAMED, values)).one_or_none()
+    return None if found is None else (found[0], found[1])
 
 
 async def authenticate_worker(
@@ -167,22 +180,12 @@ async def check_in(
             worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one()
     if worker.owner_id != owner.id:
         raise HordeError("WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
-    models = list(dict.fromkeys(m.strip() for m in body.models if m.strip()))[:100]
-    worker.trusted = owner.trusted
-    worker.max_length = body.max_length
-    worker.max_context_length = body.max_context_length
-    worker.threads = body.threads
-    worker.bridge_agent = body.bridge_agent[:255]
-    worker.nsfw = body.nsfw
-    worker.priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
-    chat = body.chat
-    worker.chat_max_completion_tokens = chat.max_completion_tokens if chat else None
-    worker.chat_max_context_tokens = chat.max_context_tokens if chat else None
-    worker.chat_features = sorted(set(chat.features)) if chat else []
-    worker.chat_image_transports = sorted(set(chat.image_transports)) if chat else []
+    models = declared_models(body)
+    priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
+    for column, value in _declared(worker, owner, body, priority_user_ids, settings).items():
+        setattr(worker, column, value)
     if check_in_is_due(worker.last_check_in, now):
         worker.last_check_in = now
-    worker.capacity = capacity_for(worker.lease_speed, settings)
     if worker.models != models:
         worker.models = models
         await session.flush()
@@ -190,6 +193,60 @@ async def check_in(
         session.add_all(WorkerModel(worker_id=worker.id, model=m) for m in models)
     await session.flush()
     return worker
+
+
+def declared_models(body: PopInput) -> list[str]:
+    return list(dict.fromkeys(m.strip() for m in body.models if m.strip()))[:100]
+
+
+def _declared(
+    worker: Worker, owner: User, body: PopInput, priority_user_ids: list[int], settings: Settings
+) -> dict[str, Any]:
+    """The worker's columns a check-in sets from its pop (and its owner), besides the models and the
+    check-in time: the one list both `check_in` and `check_in_changes` read."""
+    chat = body.chat
+    return {
+        "trusted": owner.trusted,
+        "max_length": body.max_length,
+        "max_context_length": body.max_context_length,
+        "threads": body.threads,
+        "bridge_agent": body.bridge_agent[:255],
+        "nsfw": body.nsfw,
+        "priority_user_ids": priority_user_ids,
+        "chat_max_completion_tokens": chat.max_completion_tokens if chat else None,
+        "chat_max_context_tokens": chat.max_context_tokens if chat else None,
+        "chat_features": sorted(set(chat.features)) if chat else [],
+        "chat_image_transports": sorted(set(chat.image_transports)) if chat else [],
+        "capacity": capacity_for(worker.lease_speed, settings),
+    }
+
+
+CheckInNeed = Literal["nothing", "time", "all"]
+
+
+async def check_in_need(
+    session: AsyncSession, worker: Worker, owner: User, body: PopInput, settings: Settings, now: float
+) -> CheckInNeed:
+    """What `check_in` would write for this pop, read without writing (`worker` is left as it
+    was): "nothing"; only the check-in "time" (`stamp_check_in` does that); or "all", for a changed
+    declaration, owner's trust or capacity (and for a pop `check_in` refuses)."""
+    if owner.anonymous or worker.owner_id != owner.id or worker.models != declared_models(body):
+        return "all"
+    priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
+    declared = _declared(worker, owner, body, priority_user_ids, settings)
+    if any(getattr(worker, column) != value for column, value in declared.items()):
+        return "all"
+    return "time" if check_in_is_due(worker.last_check_in, now) else "nothing"
+
+
+# A check-in that changes nothing but its time: one statement, no ORM flush, no row read first.
+_STAMP = update(Worker).where(Worker.id == bindparam("worker_id")).values(last_check_in=bindparam("now"))
+
+
+async def stamp_check_in(session: AsyncSession, worker: Worker, now: float) -> None:
+    conn = await session.connection()
+    await conn.execute(_STAMP, {"worker_id": worker.id, "now": now})
+    set_committed_value(worker, "last_check_in", now)
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,9 +12,9 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import event, select, text
 
-from horde_lite.db.models import Generation
+from horde_lite.db.models import Generation, User, Worker
 from horde_lite.lifecycle import status
 from tests.conftest import is_postgres
 from tests.support.horde import ANON, HordeClient
@@ -259,6 +259,83 @@ async def test_a_status_poll_reads_outside_any_transaction(client: HordeClient, 
     assert polled.status_code == 200, polled.text
     assert (polled.json()["processing"], polled.json()["waiting"]) == (1, 0)
     assert isolation == (["AUTOCOMMIT"] if is_postgres(db_url) else [None])
+
+
+async def test_an_idle_pop_reads_outside_any_transaction(client: HordeClient, db_url: str) -> None:
+    """Idle workers poll: a pop whose check-in would write nothing and that finds nothing to take
+    opens no transaction. On SQLite it answers while another transaction holds the write lock (it
+    waited out the busy timeout before, then answered 503); on PostgreSQL every statement runs in
+    autocommit. Its answer is the pop's own: no job, the requests it is too small for counted."""
+    owner = await client.user("owner")
+    await client.pop(owner, "w1", models=["m"])  # the check-in: this pop writes
+    await client.pop(owner, "big", models=["m", "other"], max_length=1024)
+    await client.create(ANON, models=["other"])  # a model w1 does not serve
+    await client.create(ANON, models=["m"], params={"max_length": 1024})  # longer than w1 takes
+    isolation: list[object] = []
+
+    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        isolation.append(conn.get_execution_options().get("isolation_level"))
+
+    engine = client.horde.engine.sync_engine
+    async with client.horde.transaction() as session:  # a writer holds its transaction open
+        await session.execute(text("UPDATE workers SET name = name"))
+        event.listen(engine, "before_cursor_execute", seen)
+        try:
+            polled = await client.pop(owner, "w1", models=["m"])
+        finally:
+            event.remove(engine, "before_cursor_execute", seen)
+    assert polled.status_code == 200, polled.text
+    assert polled.json()["id"] is None
+    assert polled.json()["skipped"]["max_length"] == 1
+    assert isolation
+    assert set(isolation) == ({"AUTOCOMMIT"} if is_postgres(db_url) else {None})
+    # A pop that finds something to take claims it in a transaction, as before.
+    job = (await client.pop(owner, "w1", models=["m"], max_length=1024)).json()
+    assert job["id"] is not None
+
+
+_DECLARED = {"models": ["m"], "max_length": 512, "max_context_length": 2048, "threads": 1,
+             "bridge_agent": "a:1:x", "nsfw": False, "priority_usernames": []}  # fmt: skip
+_CHANGED: list[tuple[str, Any, str, Any]] = [
+    # (what the pop declares, its new value, the worker's column, what the column must hold)
+    ("models", ["m", "n"], "models", ["m", "n"]),
+    ("max_length", 1024, "max_length", 1024),
+    ("max_context_length", 4096, "max_context_length", 4096),
+    ("threads", 2, "threads", 2),
+    ("bridge_agent", "b:2:y", "bridge_agent", "b:2:y"),
+    ("nsfw", True, "nsfw", True),
+    ("priority_usernames", ["friend"], "priority_user_ids", "friend"),
+    ("chat", {"max_completion_tokens": 256, "max_context_tokens": 4096, "features": ["tools"]},
+     "chat_features", ["tools"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("field", "value", "column", "stored"), _CHANGED, ids=[c[0] for c in _CHANGED])
+async def test_a_pop_right_after_a_check_in_still_stores_a_new_declaration(
+    client: HordeClient, field: str, value: Any, column: str, stored: Any
+) -> None:
+    """Only a pop that would write nothing is answered outside a transaction: a declaration changed
+    a moment after the last check-in (no check-in time due) is stored at once, as each pop did."""
+    owner = await client.user("owner")
+    await client.user("friend")  # a priority username must name a user
+    assert (await client.pop(owner, "w1", **_DECLARED)).status_code == 200
+    assert (await client.pop(owner, "w1", **_DECLARED)).status_code == 200  # unchanged: idle
+    assert (await client.pop(owner, "w1", **{**_DECLARED, field: value})).status_code == 200
+    async with client.horde.sessionmaker() as session:
+        worker = (await session.execute(select(Worker).where(Worker.name == "w1"))).scalar_one()
+        if stored == "friend":  # the user's id, known only now
+            stored = [(await session.execute(select(User.id).where(User.username == "friend"))).scalar_one()]
+    assert getattr(worker, column) == stored
+
+
+async def test_a_pop_right_after_its_owner_became_trusted_stores_the_trust(client: HordeClient) -> None:
+    owner = await client.user("owner")
+    await client.pop(owner, "w1")
+    async with client.horde.transaction() as session:
+        await session.execute(text("UPDATE users SET trusted = :t WHERE username = 'owner'"), {"t": True})
+    await client.pop(owner, "w1")  # no check-in is due, but the owner's trust changed
+    async with client.horde.sessionmaker() as session:
+        assert (await session.execute(select(Worker.trusted))).scalar_one() is True
 
 
 async def test_the_read_only_routes_answer_while_a_writer_holds_its_transaction(client: HordeClient) -> None:

@@ -84,10 +84,14 @@ async def test_faulted_and_expired_requests_leave(client: HordeClient) -> None:
     assert await _rows(client, "SELECT count(*) FROM queue_entries WHERE request_id = :r", r=stale) == [(0,)]
 
 
-async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient) -> None:
+@pytest.mark.parametrize("checked_in", [False, True], ids=["first pop", "checked in"])
+async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, checked_in: bool) -> None:
     """More than a page of requests ahead that the worker's lengths allow but another rule refuses
-    (trusted workers only): the pop pages on and finds the one behind them."""
+    (trusted workers only): the pop pages on and finds the one behind them. A worker checked in
+    already reads the first page before its transaction, which walks on from it."""
     key = await client.user("owner")
+    if checked_in:
+        assert (await client.pop(key, "untrusted", models=["p-7B"])).json()["id"] is None
     # A rich requester's requests are ahead in the queue (effective start by priority).
     rich = await client.user("rich", kudos=1_000_000)
     for _ in range(dispatch.POP_PAGE + 3):
