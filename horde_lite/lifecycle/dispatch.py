@@ -221,7 +221,7 @@ def _job_model(request: TextRequest, worker: Worker) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Looked:
-    """What a pop read before its transaction (`_look`): its owner and worker, whose check-in
+    """What a pop read before its transaction (`look`): its owner and worker, whose check-in
     needs at most its time written, and the first page of the worker's part of the queue."""
 
     owner: User
@@ -350,7 +350,7 @@ def _count_pop(horde: Horde, policies: Policies, worker: Worker) -> None:
         )
 
 
-async def _look(horde: Horde, caller: Caller, body: PopInput) -> Popped | Looked | None:
+async def look(horde: Horde, caller: Caller, body: PopInput) -> Popped | Looked | None:
     """A pop's reads before its transaction, outside any: the owner and worker, whether its
     check-in would write, and the first page of the worker's part of the queue. Most pops of a
     horde are idle workers' polls: when nothing is to be written and the page is empty, the pop is
@@ -378,8 +378,8 @@ async def _look(horde: Horde, caller: Caller, body: PopInput) -> Popped | Looked
 
 async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
     """POST /generate/text/pop: authenticate the worker's owner, check the worker in, claim a job;
-    an idle poll is answered before any transaction (`_look`)."""
-    looked = await _look(horde, caller, body)
+    an idle poll is answered before any transaction (`look`)."""
+    looked = await look(horde, caller, body)
     if isinstance(looked, Popped):
         return looked
     async with horde.transaction() as session:

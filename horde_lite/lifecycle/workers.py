@@ -203,7 +203,7 @@ def _declared(
     worker: Worker, owner: User, body: PopInput, priority_user_ids: list[int], settings: Settings
 ) -> dict[str, Any]:
     """The worker's columns a check-in sets from its pop (and its owner), besides the models and the
-    check-in time: the one list both `check_in` and `check_in_changes` read."""
+    check-in time: the one list both `check_in` and `check_in_need` read."""
     chat = body.chat
     return {
         "trusted": owner.trusted,
@@ -239,8 +239,13 @@ async def check_in_need(
     return "time" if check_in_is_due(worker.last_check_in, now) else "nothing"
 
 
-# A check-in that changes nothing but its time: one statement, no ORM flush, no row read first.
-_STAMP = update(Worker).where(Worker.id == bindparam("worker_id")).values(last_check_in=bindparam("now"))
+# A check-in that changes nothing but its time: one statement, no ORM flush, no row read first. Not
+# of a worker deleted since the pop read it: that would bring it back online and hand it a job.
+_STAMP = (
+    update(Worker)
+    .where(Worker.id == bindparam("worker_id"), Worker.deleted_at.is_(None))
+    .values(last_check_in=bindparam("now"))
+)
 
 
 async def stamp_check_in(session: AsyncSession, worker: Worker, now: float) -> None:

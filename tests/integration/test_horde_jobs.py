@@ -11,11 +11,15 @@ from collections import Counter
 from typing import Any
 
 import httpx
+import msgspec
 import pytest
 from sqlalchemy import event, select, text
 
 from horde_lite.db.models import Generation, User, Worker
-from horde_lite.lifecycle import status
+from horde_lite.lifecycle import dispatch, status
+from horde_lite.lifecycle.context import Caller
+from horde_lite.lifecycle.inputs import PopInput
+from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.conftest import is_postgres
 from tests.support.horde import ANON, HordeClient
 
@@ -292,6 +296,30 @@ async def test_an_idle_pop_reads_outside_any_transaction(client: HordeClient, db
     # A pop that finds something to take claims it in a transaction, as before.
     job = (await client.pop(owner, "w1", models=["m"], max_length=1024)).json()
     assert job["id"] is not None
+
+
+async def test_a_worker_deleted_between_a_pops_read_and_its_claim_gets_no_job(client: HordeClient) -> None:
+    """A pop reads its worker before its transaction and does not lock it there. A deletion that
+    commits in between keeps the worker offline: the due check-in time is not written to the
+    deleted row, and the claim, which judges the worker's live row, hands it nothing."""
+    owner = await client.user("owner")
+    await client.pop(owner, "w1")
+    worker_id = (await client.http.get("/api/v2/workers")).json()[0]["id"]
+    request_id = (await client.create(ANON)).json()["id"]
+    client.clock.advance(CHECK_IN_RESOLUTION)  # the check-in time is due: the pop would write it
+    body = msgspec.convert({"name": "w1"}, PopInput)
+    looked = await dispatch.look(client.horde, Caller(apikey=owner), body)
+    assert isinstance(looked, dispatch.Looked)
+    assert looked.stamp
+    assert looked.page.rows
+    deleted = await client.http.delete(f"/api/v2/workers/{worker_id}", headers={"apikey": owner})
+    assert deleted.status_code == 200, deleted.text
+    async with client.horde.transaction() as session:
+        _, job = await dispatch.pop(session, client.horde, looked.owner, body, looked=looked)
+    assert job is None
+    [(last_check_in,)] = await _rows(client, "SELECT last_check_in FROM workers WHERE id = :w", w=worker_id)
+    assert last_check_in == 0
+    assert (await client.status(request_id)).json()["waiting"] == 1
 
 
 _DECLARED = {"models": ["m"], "max_length": 512, "max_context_length": 2048, "threads": 1,
