@@ -1,5 +1,5 @@
 """The change log: one row per change to a request or a worker that the wait estimate reads, written
-by the database's own triggers (migration 0009), so no code path can forget one.
+by the database's own triggers (migrations 0009 and 0010), so no code path can forget one.
 
 Each process keeps the waiting queue and the fleet in memory (lifecycle/mirror.py) and catches up
 by reading the rows written since it last read. Rows arrive in the order their transactions commit
@@ -57,8 +57,8 @@ REQUEST, WORKER = "r", "w"
 # How long rows are kept; a reader whose last read is older than half of it reloads instead.
 KEEP_SECONDS = 600.0
 
-# Seconds; the triggers' own number (migration 0009), repeated here for the code that relies on it.
-CHECK_IN_NOTED_JUMP = 5.0
+# Seconds; the triggers' own number (migration 0010), repeated here for the code that relies on it.
+CHECK_IN_NOTED_JUMP = 20.0
 
 
 @dataclass(frozen=True, slots=True)

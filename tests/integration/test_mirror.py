@@ -279,3 +279,25 @@ async def test_the_copy_follows_every_kind_of_change(client: HordeClient) -> Non
         await session.execute(text("UPDATE workers SET deleted_at = 1, last_check_in = 0 WHERE name = 'w2'"))
     await agrees()
     assert (await client.status(three)).status_code in (200, 404)
+
+
+async def test_the_triggers_note_a_check_in_only_past_the_jump_the_code_uses(client: HordeClient) -> None:
+    """`change_log.CHECK_IN_NOTED_JUMP` repeats the triggers' number: a check-in moved forward by
+    that much is not noted, by more is; one moved back always is. A pop writes its check-in at
+    most every half of it, so a polling worker's are never noted."""
+    key = await client.user("owner")
+    await client.pop(key, "w", models=["j-7B"])
+    jump = change_log.CHECK_IN_NOTED_JUMP
+
+    count = text("SELECT count(*) FROM change_log WHERE kind = 'w'")
+    move = text("UPDATE workers SET last_check_in = last_check_in + :d")
+
+    async def noted_after(moved_by: float) -> bool:
+        async with client.horde.sessionmaker() as session, session.begin():
+            before = (await session.execute(count)).scalar_one()
+            await session.execute(move, {"d": moved_by})
+            return (await session.execute(count)).scalar_one() > before
+
+    assert not await noted_after(jump)
+    assert await noted_after(jump + 1)
+    assert await noted_after(-1)
