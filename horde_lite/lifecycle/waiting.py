@@ -283,10 +283,10 @@ class Waiter:
         self, session: AsyncSession, now: float, *, check_eligible: bool, may_write: bool
     ) -> _Snapshot:
         """`may_write`: a lapsed job of the request is honoured first; else one raises `LapseSeen`."""
-        if may_write:
-            await lapse_expired(session, self.horde, now, request_id=self.request.request_id)
         horde = self.horde
         request_id = self.request.request_id
+        if may_write:
+            await lapse_expired(session, horde, now, request_id=request_id)
         request = await session.get(TextRequest, request_id)
         if request is None:
             return _Snapshot(state=None)

@@ -112,14 +112,15 @@ _OWNER_AND_WORKER = _OWNER_AND_NAMED.with_for_update(of=Worker)  # for the check
 
 
 async def owner_and_worker(
-    session: AsyncSession, apikey: str | None, name: str
+    session: AsyncSession, apikey: str | None, name: str, *, lock: bool = False
 ) -> tuple[User, Worker] | None:
-    """The key's user and its named worker, read without a lock (an idle pop's first read); None
-    for the anonymous key or when either is missing."""
+    """The key's user and its named worker in one statement, the worker's row locked for a
+    check-in (`lock`) or not (an idle pop's first read); None for the anonymous key or when either
+    is missing."""
     if is_anonymous_key(apikey):
         return None
     values = {"digest": hash_key(apikey), "key": worker_name_key(name)}
-    found = (await session.execute(_OWNER_AND_NAMED, values)).one_or_none()
+    found = (await session.execute(_OWNER_AND_WORKER if lock else _OWNER_AND_NAMED, values)).one_or_none()
     return None if found is None else (found[0], found[1])
 
 
@@ -130,11 +131,9 @@ async def authenticate_worker(
     locked for `check_in`. An existing worker popping with its owner's key takes one statement;
     anything else (a first pop, another kind of key, no match) takes the general path, which finds
     the owner or raises, and leaves the worker to `check_in`."""
-    if not is_anonymous_key(apikey):
-        values = {"digest": hash_key(apikey), "key": worker_name_key(body.name)}
-        found = (await session.execute(_OWNER_AND_WORKER, values)).one_or_none()
-        if found is not None:
-            return found[0], found[1]
+    found = await owner_and_worker(session, apikey, body.name, lock=True)
+    if found is not None:
+        return found
     return await authenticate_user(session, apikey, now), None
 
 
