@@ -1,16 +1,19 @@
 """The queue's index: the part of the queue a worker could serve, in queue order, a page at a time.
 
-`queue_entries` holds one row per waiting request and model it asks for (`ANY_MODEL` for a request
-any model serves), keyed by the queue order (effective_start, created_at, request id) and carrying
-the length limits a worker must meet. The pop walks it per model through its index instead of
-judging the whole queue: its cost follows what the worker can take, not the queue's length
-(docs/explanation/dispatch.md). The wait estimate walks its own copy of the queue in memory
-(lifecycle/mirror.py).
+`queue_entries` holds one row per request with a job to hand out and model it asks for
+(`ANY_MODEL` for a request any model serves), keyed by the queue order (effective_start,
+created_at, request id) and carrying the length limits a worker must meet. The pop walks it per
+model through its index instead of judging the whole queue: its cost follows what the worker can
+take, not the queue's length (docs/explanation/dispatch.md). The wait estimate walks its own
+copy of the queue in memory (lifecycle/mirror.py).
 
 The entries are a hint beside the truth. Every reader still judges the request rows themselves
 with the one eligibility check, so an entry left behind costs a skipped candidate, never a wrong
-answer. Entries enter when a request is admitted and leave when it stops waiting (done, faulted,
-cancelled, expired).
+answer. Entries enter when a request is admitted and leave when its last job is handed out or it
+stops waiting (faulted, cancelled, expired); a job given back (lapsed, faulted) to a request with
+none left brings them back, at the same place. Jobs being generated are thus not in the index: on
+a busy horde the head of the queue is mostly requests whose jobs are all out, and a walk that read
+them would page past hundreds of requests no worker may take.
 """
 
 from __future__ import annotations
@@ -114,8 +117,16 @@ _LEAVE = delete(QueueEntry.__table__).where(QueueEntry.__table__.c.request_id ==
 
 
 async def leave(session: AsyncSession, request_id: str) -> None:
-    """The request stopped waiting: no walk needs to pass it any more."""
+    """The request has no job to hand out (all out, or it stopped waiting): no walk needs to pass
+    it."""
     await session.execute(_LEAVE, {"request_id": request_id})
+
+
+async def come_back(session: AsyncSession, row: TextRequest) -> None:
+    """A request whose jobs were all out has one to hand out again: its entries return, keyed as
+    before. Any left behind are replaced, so a stale entry cannot turn a give-back into an error."""
+    await leave(session, row.id)
+    await enter(session, row)
 
 
 def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:
@@ -165,7 +176,7 @@ def _statement(shape: _Shape) -> Select[Any]:
     if shape.models is None:  # the whole queue through its own index
         r = TextRequest
         key = (r.effective_start, r.created_at, r.id)
-        where = [r.state == "waiting", *_after(key, shape.after)]
+        where = [r.state == "waiting", r.n_remaining > 0, *_after(key, shape.after)]
         if shape.chat is not None:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))

@@ -54,9 +54,8 @@ async def maybe_finish(session: AsyncSession, request: TextRequest, *, ended: st
             running = await processing_count(session, request.id, besides=ended)
     if running > 0:
         return False
-    if request.state == "waiting":
+    if request.state == "waiting":  # its last job was taken: its entries left then
         request.state = "done"
-        await queue_index.leave(session, request.id)
     await kudos.release_hold(session, request.id)
     return True
 
@@ -82,6 +81,8 @@ async def give_back(
         await maybe_finish(session, request)
         return
     request.n_remaining += 1
+    if request.n_remaining == 1:  # it has a job to hand out again, at its old place in the queue
+        await queue_index.come_back(session, request)
 
 
 async def shadow_outcome(

@@ -1,6 +1,6 @@
 """The queue's index (docs/explanation/dispatch.md, "Walking the queue"): entries enter with a
-waiting request and leave when it stops waiting; the pop walks past pages its rules refuse and
-skips lengths inside the index."""
+waiting request, leave when its last job is handed out or it stops waiting, and come back when a
+job is given back; the pop walks past pages its rules refuse and skips lengths inside the index."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from sqlalchemy import event, text
 
-from horde_lite.lifecycle import dispatch
+from horde_lite.lifecycle import dispatch, queue_index
 from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.support.horde import ANON, HordeClient
 
@@ -47,13 +47,57 @@ async def test_entries_follow_the_request(client: HordeClient) -> None:
     await client.cancel(both_id)
     assert await _entries(client, both_id) == []
 
-    # Done: it leaves when its last job is submitted.
+    # Its only job handed out: it leaves at once, and stays out once done.
     job = (await client.pop(key, "w1", models=["a-7B"], max_length=512, max_context_length=2048)).json()
     assert job["id"] is not None
     assert job["model"] == "a-7B"
-    assert await _entries(client, any_id) == [("", 32, 512, False)]  # handed out, not yet done
+    assert await _entries(client, any_id) == []
     assert (await client.submit(key, job["id"])).status_code == 200
     assert await _entries(client, any_id) == []
+
+
+async def _queue_keys(client: HordeClient, request_id: str) -> set[tuple[float, float]]:
+    rows = await _rows(
+        client, "SELECT effective_start, created_at FROM queue_entries WHERE request_id = :r", r=request_id
+    )
+    return {(float(a), float(b)) for a, b in rows}
+
+
+async def test_a_request_with_every_job_out_leaves_until_one_comes_back(client: HordeClient) -> None:
+    """Jobs being generated are not in the index (on a busy horde they would fill the head of every
+    walk): a request leaves when its last job is handed out, and a job given back, faulted or
+    lapsed, brings it back at its old place, ahead of later requests."""
+    keys = [await client.user(f"owner{i}") for i in range(6)]
+    twice = (await client.create(ANON, models=["g-7B"], params={"max_length": 16, "n": 2})).json()["id"]
+    client.clock.advance(1)
+    once = (await client.create(ANON, models=["g-7B"], params={"max_length": 16})).json()["id"]
+    keyed = {r: await _queue_keys(client, r) for r in (twice, once)}
+    assert all(len(k) == 1 for k in keyed.values())
+
+    first = (await client.pop(keys[0], "w0", models=["g-7B"])).json()["id"]
+    assert await _queue_keys(client, twice) == keyed[twice]  # one of its two jobs is left
+    second, third = [(await client.pop(keys[i], f"w{i}", models=["g-7B"])).json()["id"] for i in (1, 2)]
+    assert None not in (first, second, third)
+    assert await _entries(client, twice) == []
+    assert await _entries(client, once) == []
+
+    # A fault gives `twice` a job back: its entry returns as it was.
+    assert (await client.submit(keys[0], first, state="faulted")).status_code == 200
+    assert await _queue_keys(client, twice) == keyed[twice]
+    # A lapse gives `once` its job back (the other running job is submitted first).
+    assert (await client.submit(keys[1], second)).status_code == 200
+    client.clock.advance(client.horde.settings.lease.base_seconds + 1)
+    await client.sweep()
+    assert await _queue_keys(client, once) == keyed[once]
+
+    client.clock.advance(1)
+    later = (await client.create(ANON, models=["g-7B"], params={"max_length": 16})).json()["id"]
+    taken = []
+    for i in (3, 4, 5):
+        job = (await client.pop(keys[i], f"w{i}", models=["g-7B"])).json()
+        [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+        taken.append(request_id)
+    assert taken == [twice, once, later]
 
 
 async def test_a_chat_entry_needs_the_prompt_and_the_reply(client: HordeClient) -> None:
@@ -130,12 +174,13 @@ async def test_the_owners_request_behind_a_page_of_others_goes_first(client: Hor
 
 
 @pytest.mark.parametrize("since_check_in", [1.0, CHECK_IN_RESOLUTION])
-async def test_an_existing_workers_found_pop_runs_seven_statements(
+async def test_an_existing_workers_found_pop_runs_eight_statements(
     client: HordeClient, since_check_in: float
 ) -> None:
     """Owner and worker in one read, the check-in's update when it is due, the queue's page, the
-    claim (with the speed gate's question for an over-capacity job), the request's update, the job
-    and its shadow record: no separate key lookup, capable question or ORM reload."""
+    claim (with the speed gate's question for an over-capacity job), the request's update, its
+    entries' removal (its only job is out), the job and its shadow record: no separate key lookup,
+    capable question or ORM reload."""
     key = await client.user("owner")
     rich = await client.user("rich", kudos=1_000_000)
     worker = {"models": ["s-7B"], "max_length": 2048, "max_context_length": 4096}
@@ -164,7 +209,7 @@ async def test_an_existing_workers_found_pop_runs_seven_statements(
     due = since_check_in >= CHECK_IN_RESOLUTION
     check_ins = [s for s in statements if s.lstrip().upper().startswith("UPDATE WORKERS")]
     assert len(check_ins) == int(due), statements
-    assert len(statements) == 6 + due, statements
+    assert len(statements) == 7 + due, statements
 
 
 async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> None:
@@ -178,3 +223,33 @@ async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> No
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert request_id == small
     assert (await client.pop(key, "small", models=["l-7B"], max_length=128)).json()["id"] is None
+
+
+@pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
+async def test_a_pop_does_not_page_past_jobs_being_generated(client: HordeClient, served: int) -> None:
+    """More than a page of requests at the head whose jobs are all out: the pop's walk does not
+    read them (one page, one claim), whether it merges its models' entries or, serving many
+    models, walks the whole queue's order."""
+    busy, key = await client.user("busy"), await client.user("owner")
+    for _ in range(dispatch.POP_PAGE + 2):
+        assert (await client.create(ANON, models=["h-7B"], params={"max_length": 16})).status_code == 202
+        assert (await client.pop(busy, "busy", models=["h-7B"])).json()["id"] is not None
+    models = ["h-7B", *(f"other-{i}" for i in range(served - 1))]
+    assert (await client.pop(key, "w", models=models)).json()["id"] is None  # checked in; all are out
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["h-7B"], params={"max_length": 16})).json()["id"]
+    claims: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "AS claimed" in statement:
+            claims.append(statement)
+
+    engine = client.horde.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        job = (await client.pop(key, "w", models=models)).json()
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert request_id == wanted
+    assert len(claims) == 1

@@ -119,19 +119,21 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                 f"user {u.username} (id {u.id}): balance {u.kudos!r}, ledger {ledger[u.id]!r}",
             )
 
-    # --- the queue's index: a waiting request's models (or "" for any), nothing else ------------------
+    # --- the queue's index: the models (or "" for any) of a waiting request with a job to hand out,
+    # nothing else ---------------------------------------------------------------------------------
     indexed: dict[str, set[str]] = defaultdict(set)
     for e in entries:
         indexed[e.request_id].add(e.model)
     for r in requests:
-        want = ({""} if r.any_model else set(r.models)) if r.state == "waiting" else set()
+        offered = r.state == "waiting" and r.n_remaining > 0
+        want = ({""} if r.any_model else set(r.models)) if offered else set()
         if indexed.pop(r.id, set()) != want:
             bad(
-                "queue index == waiting requests",
-                f"request {r.id} ({r.state}): entries differ from {sorted(want)}",
+                "queue index == requests with a job to hand out",
+                f"request {r.id} ({r.state}, {r.n_remaining} left): entries differ from {sorted(want)}",
             )
     for request_id in indexed:
-        bad("queue index == waiting requests", f"entries of request {request_id}, which is gone")
+        bad("queue index == requests with a job to hand out", f"entries of request {request_id}, gone")
 
     # --- per request: jobs within n, status counts -------------------------------------------------
     by_request: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

@@ -1,0 +1,72 @@
+"""The migration that keeps only requests with a job to hand out in the queue's index
+(horde_lite/db/migrations/versions/0011_*): going back gives every waiting request its entries again,
+and coming forward takes them from the requests whose jobs are all out, on SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+
+from sqlalchemy import insert, text
+
+from horde_lite.db import migrate
+from horde_lite.db.engine import make_engine
+from horde_lite.db.migrate import _commands
+from horde_lite.db.models import QueueEntry, RequestModel, TextRequest, User
+from horde_lite.lifecycle.queue_index import entry_rows
+
+BEFORE = "0010_check_in_jump_20"
+
+
+def _request(request_id: str, *, left: int, models: list[str], state: str = "waiting") -> dict[str, object]:
+    return {"id": request_id, "user_id": 1, "requester_kind": "registered", "state": state,
+            "is_chat": False, "prompt": "p", "params": {}, "max_length": 512, "max_context_length": 2048,
+            "effective_start": 1.0, "created_at": 2.0, "expires_at": 100.0, "requested_max_length": 512,
+            "any_model": not models, "models": models, "n_total": 1, "n_remaining": left}  # fmt: skip
+
+
+async def _seed(url: str) -> None:
+    models = {"offered": ["m1"], "out": ["m1", "m2"], "out-any": [], "done": ["m1"]}
+    requests = [
+        _request("offered", left=1, models=models["offered"]),
+        _request("out", left=0, models=models["out"]),
+        _request("out-any", left=0, models=models["out-any"]),
+        _request("done", left=0, models=models["done"], state="done"),
+    ]
+    links = [{"request_id": r, "model": m} for r, asked in models.items() for m in asked]
+    engine = make_engine(url, null_pool=True)
+    try:
+        async with engine.begin() as conn:
+            user = {"id": 1, "username": "u", "api_key_hash": "h", "kudos": 0.0, "trusted": False,
+                    "moderator": False, "anonymous": False, "created_at": 0.0}  # fmt: skip
+            await conn.execute(insert(User.__table__), user)
+            await conn.execute(insert(TextRequest.__table__), requests)
+            await conn.execute(insert(RequestModel.__table__), links)
+            await conn.execute(insert(QueueEntry.__table__), entry_rows(requests[0]))  # as the head keeps it
+    finally:
+        await engine.dispose()
+
+
+async def _entries(url: str) -> list[tuple[object, ...]]:
+    engine = make_engine(url, null_pool=True)
+    try:
+        async with engine.connect() as conn:
+            sql = "SELECT request_id, model, need_length, need_context FROM queue_entries ORDER BY 1, 2"
+            return [tuple(r) for r in await conn.execute(text(sql))]
+    finally:
+        await engine.dispose()
+
+
+def test_entries_of_requests_with_every_job_out_go_and_come_back(db_url: str) -> None:
+    try:
+        asyncio.run(_seed(db_url))
+        _commands(db_url).downgrade(BEFORE)
+        assert asyncio.run(_entries(db_url)) == [
+            ("offered", "m1", 512, 2048),
+            ("out", "m1", 512, 2048),
+            ("out", "m2", 512, 2048),
+            ("out-any", "", 512, 2048),
+        ]
+        migrate.upgrade(db_url)
+        assert asyncio.run(_entries(db_url)) == [("offered", "m1", 512, 2048)]
+    finally:
+        migrate.upgrade(db_url)  # leave the shared database at the head for the other tests
