@@ -65,6 +65,7 @@ SQLITE_MAX = 100_000  # the largest size built on SQLite (its 100,000-request fi
 UNSERVED = "bench/Unserved-7B"
 CREATORS = 40  # requesters with nothing queued, who make the measured creations
 PROBES = 4  # dedicated workers per pop kind, used in turn
+RUNNING = 500  # jobs being generated for "pop busy" (a tenth of the queue when that is fewer)
 
 
 @dataclasses.dataclass
@@ -253,6 +254,14 @@ async def measure(horde: BenchHorde, rng: random.Random, fixture: Fixture, sampl
     out.append(await timed([create() for _ in range(samples)], "create", warm))
     warm = [read(rng.choice(waiting)) for _ in range(samples)]
     out.append(await timed([read(rng.choice(waiting)) for _ in range(samples)], "status", warm))
+    # A busy horde: the head of the queue is being generated (the oldest requests are the ones
+    # served). The found probes take that many jobs for good, then the found pop is measured again.
+    horde.rollback = False
+    for i in range(min(RUNNING, len(waiting) // 10)):
+        await pop(found["found"][i % PROBES])()
+    horde.rollback = True
+    pops = [pop(found["found"][i % PROBES]) for i in range(samples)]
+    out.append(await timed(pops, "pop busy", warm=pops))
     horde.rollback = False
     return out
 
@@ -368,7 +377,7 @@ def fmt(v: float | None) -> str:
 
 def print_tables(result: dict[str, Any]) -> None:
     print(f"\nIn-process, {result['load']}; p50 / p95 / p99 ms\n")
-    ops = ["pop found", "pop none", "pop refused", "create", "status"]
+    ops = ["pop found", "pop none", "pop refused", "create", "status", "pop busy"]
     print("| database | queued | build s | " + " | ".join(ops) + " |")
     print("|---|---|---|" + "---|" * len(ops))
     for row in result["sizes"]:
@@ -496,7 +505,8 @@ def broken(result: dict[str, Any]) -> bool:
     bad = list(result["errors"])
     bad += [f"cycles {c['db']} x{c['processes']} {c['workers']}: {c['cycles']} cycles, {c['errors_seen']}"
             for c in result["cycles"] if c["cycles"] == 0 or c["errors"]]  # fmt: skip
-    expected = {"pop found": "job", "pop none": "nothing", "pop refused": "nothing", "status": "waiting"}
+    expected = {"pop found": "job", "pop none": "nothing", "pop refused": "nothing", "status": "waiting",
+                "pop busy": "job"}  # fmt: skip
     for row in result["sizes"]:
         for o in row["ops"]:
             if o["op"] in expected and o["outcome"].get(expected[o["op"]], 0) == 0:
