@@ -152,11 +152,16 @@ class WorkerModel(Base):
 
 class TextRequest(Base):
     __tablename__ = "text_requests"
-    # The queue order (effective_start, created_at, id) within a state: the order walks follow.
-    __table_args__ = (Index("ix_text_requests_queue", "state", "effective_start", "created_at", "id"),)
+    __table_args__ = (
+        # The queue order (effective_start, created_at, id) within a state: the order walks follow.
+        Index("ix_text_requests_queue", "state", "effective_start", "created_at", "id"),
+        # A user's requests in a state: the waiting ones are counted at every creation and read at
+        # every pop of the user's workers, among the ones ended and kept until they expire.
+        Index("ix_text_requests_user_state", "user_id", "state"),
+    )
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
-    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
     shared_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
     requester_kind: Mapped[str] = mapped_column(String(16))  # anonymous | registered | shared_key
     # waiting (offered or running) | done | cancelled | faulted
