@@ -262,8 +262,27 @@ async def measure(horde: BenchHorde, rng: random.Random, fixture: Fixture, sampl
     horde.rollback = True
     pops = [pop(found["found"][i % PROBES]) for i in range(samples)]
     out.append(await timed(pops, "pop busy", warm=pops))
+    # Then the next requests the found workers would take ask for NSFW workers, which they are not.
+    horde.rollback = False
+    await mark_nsfw(horde, fixture, min(RUNNING, len(waiting) // 10))
+    horde.rollback = True
+    out.append(await timed(pops, "pop sfw", warm=pops))
     horde.rollback = False
     return out
+
+
+async def mark_nsfw(horde: Horde, fixture: Fixture, count: int) -> None:
+    """The first `count` requests with a job to hand out for the most popular model, in queue order,
+    ask for NSFW workers, as admission would have written them (their entries too, where they carry
+    the choice)."""
+    e = QueueEntry
+    head = select(e.request_id).where(e.model == fixture.models[0])
+    head = head.order_by(e.effective_start, e.created_at, e.request_id).limit(count)
+    async with horde.transaction() as session:
+        ids = list((await session.execute(head)).scalars())
+        await session.execute(update(TextRequest).where(TextRequest.id.in_(ids)).values(nsfw=True))
+        if hasattr(QueueEntry, "nsfw"):
+            await session.execute(update(e).where(e.request_id.in_(ids)).values(nsfw=True))
 
 
 # --- plans (PostgreSQL) ----------------------------------------------------------------------------
@@ -377,7 +396,7 @@ def fmt(v: float | None) -> str:
 
 def print_tables(result: dict[str, Any]) -> None:
     print(f"\nIn-process, {result['load']}; p50 / p95 / p99 ms\n")
-    ops = ["pop found", "pop none", "pop refused", "create", "status", "pop busy"]
+    ops = ["pop found", "pop none", "pop refused", "create", "status", "pop busy", "pop sfw"]
     print("| database | queued | build s | " + " | ".join(ops) + " |")
     print("|---|---|---|" + "---|" * len(ops))
     for row in result["sizes"]:
@@ -506,7 +525,7 @@ def broken(result: dict[str, Any]) -> bool:
     bad += [f"cycles {c['db']} x{c['processes']} {c['workers']}: {c['cycles']} cycles, {c['errors_seen']}"
             for c in result["cycles"] if c["cycles"] == 0 or c["errors"]]  # fmt: skip
     expected = {"pop found": "job", "pop none": "nothing", "pop refused": "nothing", "status": "waiting",
-                "pop busy": "job"}  # fmt: skip
+                "pop busy": "job", "pop sfw": "job"}  # fmt: skip
     for row in result["sizes"]:
         for o in row["ops"]:
             if o["op"] in expected and o["outcome"].get(expected[o["op"]], 0) == 0:

@@ -15,6 +15,7 @@ from sqlalchemy import (
     MetaData,
     String,
     Text,
+    false,
     true,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -222,7 +223,7 @@ class QueueEntry(Base):
     """The queue's index (lifecycle/queue_index.py): one row per waiting request and model it asks
     for ("" for a request any model serves), in queue order, with the limits a worker must meet.
     A hint beside the truth: readers judge the request row itself, so a stale entry costs a skipped
-    candidate, never a wrong answer."""
+    candidate, never a wrong answer. Only requests with a job to hand out have entries."""
 
     __tablename__ = "queue_entries"
     __table_args__ = (
@@ -236,6 +237,9 @@ class QueueEntry(Base):
             "is_chat",
             "need_length",
             "need_context",
+            "nsfw",
+            "trusted_workers",
+            "slow_workers",
         ),
         # A walk's probe: does any entry of a model ask for no more than a worker's longest
         # length (one index lookup; without it, a worker too small for a model's whole queue
@@ -253,6 +257,10 @@ class QueueEntry(Base):
     # Legacy: max_length and max_context_length; chat: max_tokens and prompt + max_tokens.
     need_length: Mapped[int] = mapped_column(Integer)
     need_context: Mapped[int] = mapped_column(Integer)
+    # The request's own choices that most often refuse a worker, so a walk skips them in the index.
+    nsfw: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    trusted_workers: Mapped[bool] = mapped_column(Boolean, server_default=false())
+    slow_workers: Mapped[bool] = mapped_column(Boolean, server_default=true())
 
 
 class Generation(Base):

@@ -48,7 +48,7 @@ class Job:
 
 # Candidates judged per round trip: a page of the worker's part of the queue. Small, since the
 # head of that part is usually takeable; a page wholly refused (by rules the index cannot see:
-# targeting, the speed gate, trust, nsfw) moves the walk on to the next.
+# targeting, failed workers, chat features, the speed gate) moves the walk on to the next.
 POP_PAGE = 32
 
 _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
@@ -134,7 +134,7 @@ async def _candidate(
         return await first("user", users=preferred)  # a worker in maintenance takes only its owner's
     paged = False
     async for rows in queue_index.walk(
-        session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker), first=page
+        session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker, rules), first=page
     ):
         ids = [row[0] for row in rows]
         # The first page is judged with the preferred users' requests, which go first.
@@ -370,7 +370,7 @@ async def look(horde: Horde, caller: Caller, body: PopInput) -> Popped | Looked 
         need = await check_in_need(session, worker, owner, body, horde.settings, now)
         if need == "all" or worker.paused or worker.maintenance:
             return None
-        limits = queue_index.Limits.of(worker)
+        limits = queue_index.Limits.of(worker, horde.rules(now))
         page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
         if page.rows or need == "time":
             return Looked(owner=owner, worker=worker, stamp=need == "time", page=page)

@@ -284,9 +284,13 @@ def can_generate_with_eligibility_inputs(gate: SpeedGate, inputs: GateInputs) ->
     return gate.can_generate_with_eligibility_inputs(inputs)
 
 
+def fast_enough(lease_speed: float | None, rules: Rules) -> bool:
+    """A worker a request that refuses slow workers still takes (`worker_speed` in SQL)."""
+    return (lease_speed if lease_speed is not None else rules.assumed_speed) >= rules.slow_speed
+
+
 def admits(w: WorkerFacts, r: RequestFacts, rules: Rules) -> bool:
     """Every rule of `eligibility_clauses` but the speed gate."""
-    speed = w.lease_speed if w.lease_speed is not None else rules.assumed_speed
     limits = (
         _chat_limits(w, r)
         if r.is_chat
@@ -299,7 +303,7 @@ def admits(w: WorkerFacts, r: RequestFacts, rules: Rules) -> bool:
         and _serves(w, r)
         and limits
         and _targeting(w, r)
-        and (r.slow_workers or speed >= rules.slow_speed)
+        and (r.slow_workers or fast_enough(w.lease_speed, rules))
         and (not r.nsfw or w.nsfw)
     )
 

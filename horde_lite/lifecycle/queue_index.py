@@ -41,6 +41,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.db.models import QueueEntry, TextRequest, Worker
+from horde_lite.lifecycle.eligibility import Rules, fast_enough
 
 ANY_MODEL = ""  # the entry of a request that names no model: every worker serves it
 
@@ -60,13 +61,17 @@ class Position:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """The lengths a worker accepts (its pop declaration); implied by the eligibility check, read
-    here only to skip, inside the index, entries the worker could never take."""
+    """What a worker accepts (its pop declaration: lengths, NSFW) and is (trusted, fast enough for
+    a request that refuses slow workers); implied by the eligibility check, read here only to skip,
+    inside the index, entries the worker could never take."""
 
     max_length: int
     max_context_length: int
     chat_max_completion_tokens: int | None
     chat_max_context_tokens: int | None
+    nsfw: bool = True
+    trusted: bool = True
+    fast: bool = True
 
     @property
     def chat(self) -> bool:
@@ -74,18 +79,21 @@ class Limits:
         return self.chat_max_completion_tokens is not None and self.chat_max_context_tokens is not None
 
     @classmethod
-    def of(cls, worker: Worker) -> Limits:
+    def of(cls, worker: Worker, rules: Rules) -> Limits:
         return cls(
             worker.max_length,
             worker.max_context_length,
             worker.chat_max_completion_tokens,
             worker.chat_max_context_tokens,
+            nsfw=worker.nsfw,
+            trusted=worker.trusted,
+            fast=fast_enough(worker.lease_speed, rules),
         )
 
 
 # The request columns an entry is made of.
 _SOURCE = ("id", "models", "any_model", "effective_start", "created_at", "is_chat", "max_length",
-           "max_context_length", "prompt_tokens")  # fmt: skip
+           "max_context_length", "prompt_tokens", "nsfw", "trusted_workers", "slow_workers")  # fmt: skip
 
 
 def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -102,6 +110,9 @@ def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         "is_chat": chat,
         "need_length": request["max_length"],
         "need_context": need_context,
+        "nsfw": bool(request.get("nsfw", False)),
+        "trusted_workers": bool(request.get("trusted_workers", False)),
+        "slow_workers": bool(request.get("slow_workers", True)),
     }
     models = [ANY_MODEL] if request.get("any_model", True) else sorted(set(request["models"]))
     return [{**common, "model": m} for m in models]
@@ -145,6 +156,15 @@ def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> Colu
     )
 
 
+def _chooses(nsfw: Any, trusted_workers: Any, slow_workers: Any) -> list[ColumnElement[bool]]:
+    """The request's choices a worker must meet (`Limits` gives the worker's side)."""
+    return [
+        or_(not_(nsfw), bindparam("worker_nsfw")),
+        or_(not_(trusted_workers), bindparam("worker_trusted")),
+        or_(slow_workers, bindparam("worker_fast")),
+    ]
+
+
 def _after(key: Any, after: bool) -> list[ColumnElement[bool]]:
     """After the previous page's last row (the full key)."""
     if not after:
@@ -180,18 +200,22 @@ def _statement(shape: _Shape) -> Select[Any]:
         if shape.chat is not None:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
+            where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
         built = select(r.id.label("request_id"), r.effective_start, r.created_at).where(*where)
         built = built.order_by(*key).limit(size)
         _STATEMENTS[shape] = built
         return built
     e = QueueEntry
     key = (e.effective_start, e.created_at, e.request_id)
-    fits = _fits(e.is_chat, e.need_length, e.need_context, shape.chat) if shape.chat is not None else true()
+    fits: list[ColumnElement[bool]] = [true()]
+    if shape.chat is not None:
+        fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat)]
+        fits += _chooses(e.nsfw, e.trusted_workers, e.slow_workers)
 
     def branch(i: int) -> Any:
         model = bindparam(f"model_{i}")
         query = select(e.request_id, e.effective_start, e.created_at).where(
-            e.model == model, fits, *_after(key, shape.after)
+            e.model == model, *fits, *_after(key, shape.after)
         )
         limit: Any = size
         if shape.chat is not None:
@@ -232,6 +256,7 @@ def _values(
         values["longest"] = limits.max_length
         values["max_length"] = limits.max_length
         values["max_context_length"] = limits.max_context_length
+        values.update(worker_nsfw=limits.nsfw, worker_trusted=limits.trusted, worker_fast=limits.fast)
         if limits.chat:
             values["longest"] = max(limits.max_length, limits.chat_max_completion_tokens or 0)
             values["chat_length"] = limits.chat_max_completion_tokens

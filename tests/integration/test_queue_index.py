@@ -128,22 +128,26 @@ async def test_faulted_and_expired_requests_leave(client: HordeClient) -> None:
     assert await _rows(client, "SELECT count(*) FROM queue_entries WHERE request_id = :r", r=stale) == [(0,)]
 
 
-@pytest.mark.parametrize("checked_in", [False, True], ids=["first pop", "checked in"])
+@pytest.mark.parametrize("checked_in", [False, True], ids=["declaration changed", "checked in"])
 async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, checked_in: bool) -> None:
-    """More than a page of requests ahead that the worker's lengths allow but another rule refuses
-    (trusted workers only): the pop pages on and finds the one behind them. A worker checked in
-    already reads the first page before its transaction, which walks on from it."""
+    """More than a page of requests ahead that the index lets through but the claim refuses (a
+    deny-list naming the worker): the pop pages on and finds the one behind them. A worker checked
+    in already reads the first page before its transaction, which walks on from it; one whose
+    declaration changed goes the whole way in the transaction."""
     key = await client.user("owner")
-    if checked_in:
-        assert (await client.pop(key, "untrusted", models=["p-7B"])).json()["id"] is None
+    assert (await client.pop(key, "denied", models=["p-7B"])).json()["id"] is None
+    [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
+    declared = {} if checked_in else {"max_context_length": 4096}
     # A rich requester's requests are ahead in the queue (effective start by priority).
     rich = await client.user("rich", kudos=1_000_000)
     for _ in range(dispatch.POP_PAGE + 3):
-        response = await client.create(rich, models=["p-7B"], trusted_workers=True, params={"max_length": 16})
+        response = await client.create(
+            rich, models=["p-7B"], worker_blacklist=[denied], params={"max_length": 16}
+        )
         assert response.status_code == 202, response.text
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
-    job = (await client.pop(key, "untrusted", models=["p-7B"])).json()
+    job = (await client.pop(key, "denied", models=["p-7B"], **declared)).json()
     assert job["id"] is not None
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert request_id == wanted
@@ -225,6 +229,54 @@ async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> No
     assert (await client.pop(key, "small", models=["l-7B"], max_length=128)).json()["id"] is None
 
 
+async def _claims_of(client: HordeClient, key: str, name: str, **body: Any) -> tuple[dict[str, Any], int]:
+    """A pop's answer and how many claim statements it ran (one per page judged)."""
+    claims: list[str] = []
+
+    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if "AS claimed" in statement:
+            claims.append(statement)
+
+    engine = client.horde.engine.sync_engine
+    event.listen(engine, "before_cursor_execute", count)
+    try:
+        return (await client.pop(key, name, **body)).json(), len(claims)
+    finally:
+        event.remove(engine, "before_cursor_execute", count)
+
+
+@pytest.mark.parametrize("choice", ["nsfw", "trusted_workers", "slow_workers"])
+@pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
+async def test_the_walk_skips_requests_whose_choices_refuse_the_worker(
+    client: HordeClient, choice: str, served: int
+) -> None:
+    """More than a page of requests ahead that refuse the worker by their own choice (NSFW for a
+    worker that declared none, trusted workers only for an untrusted one, no slow workers for a slow
+    one): the walk skips them inside the index, so the pop judges one page and takes the request
+    behind them; a worker they accept takes them first."""
+    key, trusted = await client.user("owner"), await client.user("trusted", trusted=True)
+    models = ["c-7B", *(f"other-{i}" for i in range(served - 1))]
+    assert (await client.pop(key, "w", models=models)).json()["id"] is None
+    assert (await client.pop(trusted, "ok", models=["c-7B"], nsfw=True)).json()["id"] is None
+    await client.set_worker_speed("w", 1.0)  # slow: under [worker] slow_tokens_per_second (2)
+    rich = await client.user("rich", kudos=1_000_000)
+    refusing = {"nsfw": {"nsfw": True}, "trusted_workers": {"trusted_workers": True},
+                "slow_workers": {"slow_workers": False}}[choice]  # fmt: skip
+    ahead = []
+    for _ in range(dispatch.POP_PAGE + 2):
+        response = await client.create(rich, models=["c-7B"], params={"max_length": 16}, **refusing)
+        assert response.status_code == 202, response.text
+        ahead.append(response.json()["id"])
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["c-7B"], params={"max_length": 16})).json()["id"]
+    job, claims = await _claims_of(client, key, "w", models=models)
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert (request_id, claims) == (wanted, 1)
+    job = (await client.pop(trusted, "ok", models=["c-7B"], nsfw=True)).json()
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert request_id in ahead
+
+
 @pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
 async def test_a_pop_does_not_page_past_jobs_being_generated(client: HordeClient, served: int) -> None:
     """More than a page of requests at the head whose jobs are all out: the pop's walk does not
@@ -238,18 +290,6 @@ async def test_a_pop_does_not_page_past_jobs_being_generated(client: HordeClient
     assert (await client.pop(key, "w", models=models)).json()["id"] is None  # checked in; all are out
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["h-7B"], params={"max_length": 16})).json()["id"]
-    claims: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "AS claimed" in statement:
-            claims.append(statement)
-
-    engine = client.horde.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        job = (await client.pop(key, "w", models=models)).json()
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+    job, claims = await _claims_of(client, key, "w", models=models)
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
-    assert request_id == wanted
-    assert len(claims) == 1
+    assert (request_id, claims) == (wanted, 1)

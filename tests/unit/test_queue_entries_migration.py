@@ -1,6 +1,6 @@
-"""The migration that keeps only requests with a job to hand out in the queue's index
-(horde_lite/db/migrations/versions/0011_*): going back gives every waiting request its entries again,
-and coming forward takes them from the requests whose jobs are all out, on SQLite and PostgreSQL."""
+"""The migrations of the queue's index, on SQLite and PostgreSQL: 0011 keeps only requests with a
+job to hand out (going back gives every waiting request its entries again, coming forward takes
+them from the requests whose jobs are all out); 0013 gives the entries their request's choices."""
 
 from __future__ import annotations
 
@@ -21,13 +21,14 @@ def _request(request_id: str, *, left: int, models: list[str], state: str = "wai
     return {"id": request_id, "user_id": 1, "requester_kind": "registered", "state": state,
             "is_chat": False, "prompt": "p", "params": {}, "max_length": 512, "max_context_length": 2048,
             "effective_start": 1.0, "created_at": 2.0, "expires_at": 100.0, "requested_max_length": 512,
-            "any_model": not models, "models": models, "n_total": 1, "n_remaining": left}  # fmt: skip
+            "any_model": not models, "models": models, "n_total": 1, "n_remaining": left, "nsfw": False,
+            "trusted_workers": False, "slow_workers": True}  # fmt: skip
 
 
 async def _seed(url: str) -> None:
     models = {"offered": ["m1"], "out": ["m1", "m2"], "out-any": [], "done": ["m1"]}
     requests = [
-        _request("offered", left=1, models=models["offered"]),
+        {**_request("offered", left=1, models=models["offered"]), "nsfw": True, "slow_workers": False},
         _request("out", left=0, models=models["out"]),
         _request("out-any", left=0, models=models["out-any"]),
         _request("done", left=0, models=models["done"], state="done"),
@@ -46,14 +47,18 @@ async def _seed(url: str) -> None:
         await engine.dispose()
 
 
-async def _entries(url: str) -> list[tuple[object, ...]]:
+async def _sql(url: str, sql: str) -> list[tuple[object, ...]]:
     engine = make_engine(url, null_pool=True)
     try:
         async with engine.connect() as conn:
-            sql = "SELECT request_id, model, need_length, need_context FROM queue_entries ORDER BY 1, 2"
             return [tuple(r) for r in await conn.execute(text(sql))]
     finally:
         await engine.dispose()
+
+
+async def _entries(url: str) -> list[tuple[object, ...]]:
+    sql = "SELECT request_id, model, need_length, need_context FROM queue_entries ORDER BY 1, 2"
+    return await _sql(url, sql)
 
 
 def test_entries_of_requests_with_every_job_out_go_and_come_back(db_url: str) -> None:
@@ -68,5 +73,7 @@ def test_entries_of_requests_with_every_job_out_go_and_come_back(db_url: str) ->
         ]
         migrate.upgrade(db_url)
         assert asyncio.run(_entries(db_url)) == [("offered", "m1", 512, 2048)]
+        choices = "SELECT nsfw, trusted_workers, slow_workers FROM queue_entries"
+        assert [tuple(map(bool, r)) for r in asyncio.run(_sql(db_url, choices))] == [(True, False, False)]
     finally:
         migrate.upgrade(db_url)  # leave the shared database at the head for the other tests
