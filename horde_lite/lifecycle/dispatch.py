@@ -48,8 +48,22 @@ class Job:
 
 # Candidates judged per round trip: a page of the worker's part of the queue. Small, since the
 # head of that part is usually takeable; a page wholly refused (by rules the index cannot see:
-# targeting, failed workers, chat features, the speed gate) moves the walk on to the next.
+# targeting, failed workers, chat features, the speed gate) moves the walk on to the next, twice
+# as long up to POP_PAGE_MOST: a worker behind n refused requests pays log2(n / 32) pages, not n / 32.
 POP_PAGE = 32
+POP_PAGE_MOST = 512
+
+
+def _padded(ids: list[str]) -> list[str]:
+    """A later page's ids, the last repeated up to a power of two: its claim's `IN` list then has
+    one of four lengths past the first page's, so one statement text (and one prepared statement
+    per connection) serves each, not one per length a page can have. The first page is not padded:
+    its few ids are the common case, and each bound id costs."""
+    length = POP_PAGE
+    while length < len(ids):
+        length *= 2
+    return ids + [ids[-1]] * (length - len(ids))
+
 
 _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
 # A claimed job's request: its jobs left and its renewed expiry.
@@ -133,12 +147,13 @@ async def _candidate(
     if worker.maintenance:
         return await first("user", users=preferred)  # a worker in maintenance takes only its owner's
     paged = False
+    limits = queue_index.Limits.of(worker, rules)
     async for rows in queue_index.walk(
-        session, [*worker.models], size=POP_PAGE, limits=queue_index.Limits.of(worker, rules), first=page
+        session, [*worker.models], size=POP_PAGE, limits=limits, first=page, most=POP_PAGE_MOST
     ):
         ids = [row[0] for row in rows]
         # The first page is judged with the preferred users' requests, which go first.
-        found = await (first("id", ids=ids) if paged else first("both", ids=ids, users=preferred))
+        found = await (first("id", ids=_padded(ids)) if paged else first("both", ids=ids, users=preferred))
         if found is not None:
             return found
         paged = True

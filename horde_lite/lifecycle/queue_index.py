@@ -305,15 +305,18 @@ async def walk(
     size: int,
     limits: Limits | None = None,
     first: Page | None = None,
+    most: int | None = None,
 ) -> AsyncIterator[list[Any]]:
     """Pages of the waiting requests in queue order that ask for one of `models` or for any model
     (None: every waiting request), skipping those whose lengths exceed `limits`, until it runs out;
-    the caller stops early when it has what it needs. Each page holds `size` rows at most, one per
-    request (first appearance): `(request_id, effective_start, created_at)`. `first`: the first
-    page, read already (by a pop before its transaction); the walk goes on after it."""
+    the caller stops early when it has what it needs. The first page holds `size` rows at most,
+    one per request (first appearance): `(request_id, effective_start, created_at)`; each next page
+    twice as many as the one before, up to `most` (default: `size`). `first`: the first page, read
+    already (by a pop before its transaction); the walk goes on after it."""
     current = first if first is not None else await page(session, models, size=size, limits=limits)
     while current.rows:
         yield current.rows
         if current.after is None:
             return
+        size = min(size * 2, most or size)
         current = await page(session, models, size=size, limits=limits, after=current.after)

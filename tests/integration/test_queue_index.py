@@ -153,6 +153,26 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, c
     assert request_id == wanted
 
 
+async def test_pages_past_refused_requests_grow(client: HordeClient) -> None:
+    """Behind more than two pages' worth of requests the claim refuses (a deny-list), the walk's
+    pages double (32, then 64): the pop judges two pages, not three, and takes the request behind.
+    (Two requesters: one would pass the per-minute limit of creations.)"""
+    key = await client.user("owner")
+    assert (await client.pop(key, "denied", models=["q-7B"])).json()["id"] is None
+    [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
+    rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(2)]
+    for i in range(2 * dispatch.POP_PAGE + 3):
+        response = await client.create(
+            rich[i % 2], models=["q-7B"], worker_blacklist=[denied], params={"max_length": 16}
+        )
+        assert response.status_code == 202, response.text
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["q-7B"], params={"max_length": 16})).json()["id"]
+    job, claims = await _claims_of(client, key, "denied", models=["q-7B"])
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert (request_id, claims) == (wanted, 2)
+
+
 async def test_the_owners_request_behind_a_page_of_others_goes_first(client: HordeClient) -> None:
     """The first page is judged with the owner's and the priority users' requests, which go first:
     behind more than a page of takeable requests, the priority user's and the owner's are taken

@@ -1,0 +1,121 @@
+"""A pop behind many requests it may not take, over HTTP against one real `horde-lite run` process,
+one pop at a time: wall time and the CPU the server and PostgreSQL spend per pop.
+
+    .venv/bin/python -m bench.perf_behind                          # every case, both databases
+    .venv/bin/python -m bench.perf_behind --db postgresql --case deny --ahead 1000
+
+The cases: `ahead` requests at the head of the worker's part of the queue, then the measured pops:
+- `running`: their jobs were all taken by another worker (being generated); `pops` takeable
+  requests wait behind them, and each measured pop takes one;
+- `nsfw`: they ask for NSFW workers, which the popping worker is not; each pop finds nothing;
+- `deny`: their deny-list names the popping worker (a rule the queue's index cannot see); each pop
+  finds nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from bench.admission import BENCH_PG_DB, DEFAULT_PG
+from bench.perf_cycles import CREATE, RATE_LIMITS_OFF, _cpu_seconds, _pop_body
+from bench.soak import set_up_users
+from bench.soak_servers import Server, free_port, fresh_postgres, server_env
+from horde_lite.db import migrate
+from horde_lite.db.engine import make_engine
+
+CASES = ("running", "nsfw", "deny")
+POP = "/api/v2/generate/text/pop"
+CREATE_PATH = "/api/v2/generate/text/async"
+
+
+async def _database(db: str, pg_url: str, work: Path) -> str:
+    if db == "sqlite":
+        url = f"sqlite+aiosqlite:///{work / 'behind.db'}"
+    else:
+        from sqlalchemy.engine import make_url
+
+        url = make_url(pg_url).set(database=BENCH_PG_DB).render_as_string(hide_password=False)
+        await fresh_postgres(url)
+    await asyncio.to_thread(migrate.upgrade, url)
+    return url
+
+
+async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="hl-behind-") as tmp:
+        work = Path(tmp)
+        url = await _database(db, pg_url, work)
+        engine = make_engine(url)
+        try:
+            keys = await set_up_users(engine, 2, 1)
+        finally:
+            await engine.dispose()
+        overrides = {**RATE_LIMITS_OFF, "request": {"max_waiting_per_user": ahead + pops + 10}}
+        server = Server(0, free_port(), work, server_env(url, overrides))
+        await server.start()
+        owner, other, requester = keys["owners"][0], keys["owners"][1], keys["registered"][0]
+        try:
+            async with httpx.AsyncClient(base_url=server.base_url, timeout=120) as http:
+
+                async def post(path: str, key: str, body: dict[str, Any]) -> dict[str, Any]:
+                    response = await http.post(path, json=body, headers={"apikey": key})
+                    if response.status_code not in (200, 202):
+                        raise SystemExit(f"perf_behind: {path}: {response.status_code} {response.text}")
+                    return response.json()
+
+                await post(POP, owner, _pop_body(0))  # the measured worker exists
+                workers = (await http.get("/api/v2/workers")).json()
+                worker_id = next(w["id"] for w in workers if w["name"] == _pop_body(0)["name"])
+                refusing = {"nsfw": {"nsfw": True}, "deny": {"worker_blacklist": [worker_id]}}.get(case, {})
+                for _ in range(ahead):
+                    await post(CREATE_PATH, requester, {**CREATE, **refusing})
+                if case == "running":  # another worker takes every job ahead
+                    for _ in range(ahead):
+                        assert (await post(POP, other, _pop_body(1)))["id"] is not None
+                    for _ in range(pops + 10):
+                        await post(CREATE_PATH, requester, CREATE)
+                for _ in range(10):  # warm: statements built and prepared
+                    await post(POP, owner, _pop_body(0))
+                pgids = {server.process.pid} if server.process is not None else set()
+                (cpu0, pg0), began = _cpu_seconds(pgids), time.perf_counter()
+                found = 0
+                for _ in range(pops):
+                    found += (await post(POP, owner, _pop_body(0)))["id"] is not None
+                (cpu1, pg1), ended = _cpu_seconds(pgids), time.perf_counter()
+        finally:
+            server.stop()
+    return {"db": db, "case": case, "ahead": ahead, "pops": pops, "found": found,
+            "wall_ms": (ended - began) * 1000 / pops, "server_cpu_ms": (cpu1 - cpu0) * 1000 / pops,
+            "postgres_cpu_ms": (pg1 - pg0) * 1000 / pops if db == "postgresql" else None}  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--db", choices=["sqlite", "postgresql", "both"], default="both")
+    parser.add_argument("--case", choices=[*CASES, "all"], default="all")
+    parser.add_argument("--ahead", type=int, default=1000, help="requests ahead of the measured pops")
+    parser.add_argument("--pops", type=int, default=100, help="measured pops")
+    parser.add_argument("--pg-url", default=DEFAULT_PG)
+    args = parser.parse_args(argv)
+    kinds = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
+    cases = CASES if args.case == "all" else (args.case,)
+    print("| database | case | ahead | pops (found) | wall ms / pop | server CPU ms / pop "
+          "| PostgreSQL CPU ms / pop |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
+    for db in kinds:
+        for case in cases:
+            r = asyncio.run(run_case(db, case, args.ahead, args.pops, args.pg_url))
+            pg = "-" if r["postgres_cpu_ms"] is None else f"{r['postgres_cpu_ms']:.1f}"
+            print(f"| {db} | {case} | {r['ahead']:,} | {r['pops']} ({r['found']}) | {r['wall_ms']:.1f} | "
+                  f"{r['server_cpu_ms']:.1f} | {pg} |", flush=True)  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
