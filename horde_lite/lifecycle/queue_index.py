@@ -69,9 +69,9 @@ class Limits:
     max_context_length: int
     chat_max_completion_tokens: int | None
     chat_max_context_tokens: int | None
-    nsfw: bool = True
-    trusted: bool = True
-    fast: bool = True
+    nsfw: bool
+    trusted: bool
+    fast: bool
 
     @property
     def chat(self) -> bool:
@@ -85,9 +85,9 @@ class Limits:
             worker.max_context_length,
             worker.chat_max_completion_tokens,
             worker.chat_max_context_tokens,
-            nsfw=worker.nsfw,
-            trusted=worker.trusted,
-            fast=fast_enough(worker.lease_speed, rules),
+            worker.nsfw,
+            worker.trusted,
+            fast_enough(worker.lease_speed, rules),
         )
 
 
