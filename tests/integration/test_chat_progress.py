@@ -15,7 +15,6 @@ from typing import Any
 import msgspec
 import openai
 import pytest
-from sqlalchemy import event
 
 from horde_lite.api.openai.schemas import ChatCompletionInput, to_payload
 from horde_lite.clock import ManualClock
@@ -36,6 +35,7 @@ from tests.support.chat import (
     settled,
     text_until,
 )
+from tests.support.statements import statements_sent
 
 HI = [{"role": "user", "content": "Tell me a story."}]
 
@@ -285,15 +285,7 @@ async def test_a_waiting_call_reads_outside_transactions_until_it_meets_a_lapse(
     """A waiting /v1 call reads its request at every wake-up outside any transaction (no write lock
     on SQLite, no BEGIN or COMMIT on PostgreSQL); only a read that meets a lapsed job goes on in a
     transaction, which gives the job back, and the call then follows the new one."""
-    reads: list[bool] = []  # per read of the call's jobs: outside a transaction?
-
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "ORDER BY generations.popped_at" in statement:
-            reads.append(bool(conn.get_execution_options().get(READ_ONLY)))
-
-    engine = chat.horde.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
+    with statements_sent(chat.horde.engine) as sent:
         key = await chat.hc.user("owner")
         first, second = chat.worker(key, "first"), chat.worker(key, "second")
         await first.pop()
@@ -303,8 +295,8 @@ async def test_a_waiting_call_reads_outside_transactions_until_it_meets_a_lapse(
         chat.clock.advance(chat.horde.settings.lease.base_seconds + 1)
         await second.serve("After the lapse.")
         chunks, error = await settled(reading)
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
+    # Per read of the call's jobs: outside a transaction?
+    reads = [bool(s.options.get(READ_ONLY)) for s in sent if "ORDER BY generations.popped_at" in s.statement]
     assert (error, joined(chunks)) == (None, "After the lapse.")
     assert reads[0] is True, reads
     assert reads.count(False) >= 1, reads  # the read that met the lapse, in a transaction

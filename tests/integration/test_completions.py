@@ -12,12 +12,12 @@ from typing import Any
 
 import openai
 import pytest
-from sqlalchemy import event
 
 from horde_lite.clock import ManualClock
 from horde_lite.settings import Settings
 from tests.conftest import is_postgres, make_settings
 from tests.support.chat import MODEL, Chat, ChatWorker, along, collect, in_background, open_chat, settled
+from tests.support.statements import statements_sent
 
 PROMPT = "Once upon a time"
 # A poll far longer than any wake-up (and shorter than a stream's keep-alive interval, which also
@@ -343,23 +343,14 @@ async def test_only_requests_a_v1_client_waits_on_are_announced_across_processes
         key = await app.hc.user("owner")
         worker = legacy_worker(app, key)
         await worker.pop()
-        notified: list[str] = []
-
-        def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            if "pg_notify" in statement:
-                notified.append(statement)
-
-        engine = app.horde.engine.sync_engine
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
+        with statements_sent(app.horde.engine) as sent:
             created = await app.hc.create(models=[MODEL], params={"max_length": 16})
             assert created.status_code == 202, created.text
             await serve_text(worker, "for the status route")
-            assert notified == []
+            assert [s for s in sent if "pg_notify" in s.statement] == []
             asking = await in_background(app.openai().completions.create(model=MODEL, prompt=PROMPT))
             await app.until_request()
             await serve_text(worker, "for the waiting client")
             assert (await settled(asking)).choices[0].text == "for the waiting client"
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
+        notified = [s for s in sent if "pg_notify" in s.statement]
         assert len(notified) == 2  # its pop and its submit

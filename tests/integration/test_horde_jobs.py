@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from sqlalchemy import event, select, text
+from sqlalchemy import select, text
 
 from horde_lite.db.models import Generation, User, Worker
 from horde_lite.lifecycle import dispatch, status
@@ -22,6 +22,7 @@ from horde_lite.lifecycle.inputs import PopInput
 from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.conftest import is_postgres
 from tests.support.horde import ANON, HordeClient
+from tests.support.statements import statements_sent
 
 
 def _post_blocking(client: HordeClient, path: str, key: str, body: dict[str, Any]) -> httpx.Response:
@@ -164,18 +165,9 @@ async def test_a_posts_key_is_judged_before_its_job_and_read_with_it(client: Hor
         assert (by_shared.status_code, by_shared.json()["rc"]) == (403, "WrongCredentials")
     gone = await client.submit(owner, missing)
     assert (gone.status_code, gone.json()["rc"]) == (404, "InvalidJobID")
-    statements: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
-
-    engine = client.horde.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
+    with statements_sent(client.horde.engine) as sent:
         assert (await client.submit(owner, job["id"])).status_code == 200
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
-    reads = [s for s in statements if "FROM users" in s or "JOIN users" in s]
+    reads = [s.statement for s in sent if "FROM users" in s.statement or "JOIN users" in s.statement]
     assert len(reads) == 1, reads
     assert "FROM text_requests JOIN users" in reads[0], reads
 
@@ -246,20 +238,11 @@ async def test_a_status_poll_reads_outside_any_transaction(client: HordeClient, 
     owner = await client.user("owner")
     request_id = (await client.create(ANON)).json()["id"]
     await client.pop(owner, "w1")
-    isolation: list[object] = []
-
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "FROM text_requests" in statement:
-            isolation.append(conn.get_execution_options().get("isolation_level"))
-
-    engine = client.horde.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", seen)
-    try:
+    with statements_sent(client.horde.engine) as sent:
         async with client.horde.transaction() as session:  # a writer holds its transaction open
             await session.execute(text("UPDATE workers SET name = name"))
             polled = await client.status(request_id)
-    finally:
-        event.remove(engine, "before_cursor_execute", seen)
+    isolation = [s.options.get("isolation_level") for s in sent if "FROM text_requests" in s.statement]
     assert polled.status_code == 200, polled.text
     assert (polled.json()["processing"], polled.json()["waiting"]) == (1, 0)
     assert isolation == (["AUTOCOMMIT"] if is_postgres(db_url) else [None])
@@ -275,19 +258,11 @@ async def test_an_idle_pop_reads_outside_any_transaction(client: HordeClient, db
     await client.pop(owner, "big", models=["m", "other"], max_length=1024)
     await client.create(ANON, models=["other"])  # a model w1 does not serve
     await client.create(ANON, models=["m"], params={"max_length": 1024})  # longer than w1 takes
-    isolation: list[object] = []
-
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        isolation.append(conn.get_execution_options().get("isolation_level"))
-
-    engine = client.horde.engine.sync_engine
     async with client.horde.transaction() as session:  # a writer holds its transaction open
         await session.execute(text("UPDATE workers SET name = name"))
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
+        with statements_sent(client.horde.engine) as sent:
             polled = await client.pop(owner, "w1", models=["m"])
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
+    isolation = [s.options.get("isolation_level") for s in sent]
     assert polled.status_code == 200, polled.text
     assert polled.json()["id"] is None
     assert polled.json()["skipped"]["max_length"] == 1

@@ -24,12 +24,13 @@ import random
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.lifecycle.kudos import job_reward, upfront_cost
 from horde_lite.settings import KudosSettings
 from tests.support.horde import ANON, HordeClient
+from tests.support.statements import statements_sent
 
 EPS = 1e-6
 
@@ -257,20 +258,12 @@ async def test_a_submit_touches_holds_and_counts_jobs_only_where_they_can_be(cli
     free = await client.create(rich, models=["a-7B"])
     funded = await client.create(rich, models=["m-12B"], slow_workers=False, params={"n": 2})
     assert [h[1] for h in await _holds(client)] == [funded.json()["id"]]  # the free one holds nothing
-    statements: list[str] = []
-
-    def seen(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        statements.append(statement)
 
     async def submit_one(model: str) -> tuple[list[str], list[str]]:
         job = (await client.pop(owner, "w1", models=[model])).json()
-        statements.clear()
-        engine = client.horde.engine.sync_engine
-        event.listen(engine, "before_cursor_execute", seen)
-        try:
+        with statements_sent(client.horde.engine) as sent:
             assert (await client.submit(owner, job["id"], "x" * 40)).status_code == 200
-        finally:
-            event.remove(engine, "before_cursor_execute", seen)
+        statements = [s.statement for s in sent]
         holds = [s for s in statements if "kudos_holds" in s and "FROM text_requests" not in s]
         return holds, [s for s in statements if "count(generations.id)" in s]
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from litestar.testing import AsyncTestClient
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
@@ -20,6 +20,7 @@ from horde_lite.lifecycle.estimate import Estimate, estimate_request
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
 from tests.support.invariants import copy_matches_the_database
+from tests.support.statements import Sent, statements_sent
 
 
 async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
@@ -103,31 +104,16 @@ async def test_an_estimate_reads_the_queue_from_memory(client: HordeClient) -> N
     client.clock.advance(1)
     mine = (await client.create(ANON, models=["m-7B"], params={"max_length": 100})).json()["id"]
     await client.status(mine)  # the copy has caught up; its engine exists
-    app_statements: list[str] = []
-    copy_statements: list[str] = []
-
-    def counter(into: list[str]) -> Any:
-        def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-            # Not the app's own background work (its policy watch reads policy_state now and then).
-            skipped = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
-            if not statement.lstrip().upper().startswith(skipped) and "policy_state" not in statement:
-                into.append(statement)
-
-        return count
-
     mirror_engine = client.horde.mirror.engine
     assert mirror_engine is not None
-    listeners = [
-        (client.horde.engine.sync_engine, counter(app_statements)),
-        (mirror_engine.sync_engine, counter(copy_statements)),
-    ]
-    for engine, listener in listeners:
-        event.listen(engine, "before_cursor_execute", listener)
-    try:
+    with statements_sent(client.horde.engine) as by_app, statements_sent(mirror_engine) as by_copy:
         status = (await client.status(mine)).json()
-    finally:
-        for engine, listener in listeners:
-            event.remove(engine, "before_cursor_execute", listener)
+
+    def work(sent: list[Sent]) -> list[str]:
+        # Not the app's own background work (its policy watch reads policy_state now and then).
+        return [s.statement for s in sent if not s.control and "policy_state" not in s.statement]
+
+    app_statements, copy_statements = work(by_app), work(by_copy)
     assert (status["queue_position"], status["wait_time"]) == (31, 310)  # (30 x 100 + 100) / 10
     assert len(app_statements) == 1, app_statements
     assert len(copy_statements) == 1, copy_statements

@@ -7,11 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from horde_lite.lifecycle import dispatch, queue_index
 from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.support.horde import ANON, HordeClient
+from tests.support.statements import statements_sent
 
 
 async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
@@ -215,18 +216,9 @@ async def test_an_existing_workers_found_pop_runs_eight_statements(
     )
     assert created.status_code == 202, created.text
     client.clock.advance(since_check_in)
-    statements: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not statement.lstrip().upper().startswith(("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")):
-            statements.append(statement)
-
-    engine = client.horde.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
+    with statements_sent(client.horde.engine) as sent:
         job = (await client.pop(key, "w", **worker)).json()
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+    statements = [s.statement for s in sent if not s.control]
     assert job["id"] is not None
     [record] = await _rows(client, "SELECT over_capacity, capable_online FROM assignment_records")
     assert (bool(record[0]), record[1] is not None) == (True, True)
@@ -251,18 +243,9 @@ async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> No
 
 async def _claims_of(client: HordeClient, key: str, name: str, **body: Any) -> tuple[dict[str, Any], int]:
     """A pop's answer and how many claim statements it ran (one per page judged)."""
-    claims: list[str] = []
-
-    def count(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if "AS claimed" in statement:
-            claims.append(statement)
-
-    engine = client.horde.engine.sync_engine
-    event.listen(engine, "before_cursor_execute", count)
-    try:
-        return (await client.pop(key, name, **body)).json(), len(claims)
-    finally:
-        event.remove(engine, "before_cursor_execute", count)
+    with statements_sent(client.horde.engine) as sent:
+        answer = (await client.pop(key, name, **body)).json()
+    return answer, sum("AS claimed" in s.statement for s in sent)
 
 
 @pytest.mark.parametrize("choice", ["nsfw", "trusted_workers", "slow_workers"])
