@@ -9,7 +9,8 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
   requests wait behind them, and each measured pop takes one;
 - `nsfw`: they ask for NSFW workers, which the popping worker is not; each pop finds nothing;
 - `deny`: their deny-list names the popping worker (a rule the queue's index cannot see); each pop
-  finds nothing.
+  finds nothing;
+- `target`: they name another worker as the only one allowed (targeting); each pop finds nothing.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from bench.soak_servers import Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 
-CASES = ("running", "nsfw", "deny")
+CASES = ("running", "nsfw", "deny", "target")
 POP = "/api/v2/generate/text/pop"
 CREATE_PATH = "/api/v2/generate/text/async"
 
@@ -69,10 +70,15 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                         raise SystemExit(f"perf_behind: {path}: {response.status_code} {response.text}")
                     return response.json()
 
-                await post(POP, owner, _pop_body(0))  # the measured worker exists
-                workers = (await http.get("/api/v2/workers")).json()
-                worker_id = next(w["id"] for w in workers if w["name"] == _pop_body(0)["name"])
-                refusing = {"nsfw": {"nsfw": True}, "deny": {"worker_blacklist": [worker_id]}}.get(case, {})
+                await post(POP, owner, _pop_body(0))  # the measured worker exists, and the other
+                await post(POP, other, _pop_body(1))
+                workers = {w["name"]: w["id"] for w in (await http.get("/api/v2/workers")).json()}
+                worker_id, other_id = workers[_pop_body(0)["name"]], workers[_pop_body(1)["name"]]
+                refusing = {
+                    "nsfw": {"nsfw": True},
+                    "deny": {"workers": [worker_id], "worker_blacklist": True},
+                    "target": {"workers": [other_id]},
+                }.get(case, {})
                 for _ in range(ahead):
                     await post(CREATE_PATH, requester, {**CREATE, **refusing})
                 if case == "running":  # another worker takes every job ahead

@@ -220,8 +220,9 @@ class RequestModel(Base):
 
 
 class QueueEntry(Base):
-    """The queue's index (lifecycle/queue_index.py): one row per waiting request and model it asks
-    for ("" for a request any model serves), in queue order, with the limits a worker must meet.
+    """The queue's index (lifecycle/queue_index.py): one row per waiting request, model it asks
+    for ("" for a request any model serves) and worker it targets ("" for a request that targets
+    none), in queue order, with the limits a worker must meet.
     A hint beside the truth: readers judge the request row itself, so a stale entry costs a skipped
     candidate, never a wrong answer. Only requests with a job to hand out have entries."""
 
@@ -240,6 +241,7 @@ class QueueEntry(Base):
             "nsfw",
             "trusted_workers",
             "slow_workers",
+            "target",
         ),
         # A walk's probe: does any entry of a model ask for no more than a worker's longest
         # length (one index lookup; without it, a worker too small for a model's whole queue
@@ -261,6 +263,9 @@ class QueueEntry(Base):
     nsfw: Mapped[bool] = mapped_column(Boolean, server_default=false())
     trusted_workers: Mapped[bool] = mapped_column(Boolean, server_default=false())
     slow_workers: Mapped[bool] = mapped_column(Boolean, server_default=true())
+    # A targeted request's entry names one worker of its allow-list ("": any worker, as far as the
+    # index can tell): a walk skips other workers' targeted entries inside the index.
+    target: Mapped[str] = mapped_column(ID, primary_key=True, server_default="")
 
 
 class Generation(Base):

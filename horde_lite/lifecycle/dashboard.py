@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Float, Integer, case, cast, func, select
+from sqlalchemy import Float, Integer, case, cast, distinct, func, select
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite import whatif
@@ -303,7 +303,13 @@ async def queue(horde: Horde) -> QueueView:
     now = horde.clock.now()
     bucket = bucket_sql(QueueEntry.need_length)
     by_cell = (
-        select(QueueEntry.model, bucket, func.count(), func.min(QueueEntry.created_at))
+        # A targeted request has an entry per worker it names: counted once.
+        select(
+            QueueEntry.model,
+            bucket,
+            func.count(distinct(QueueEntry.request_id)),
+            func.min(QueueEntry.created_at),
+        )
         .group_by(QueueEntry.model, bucket)
         .order_by(QueueEntry.model, bucket)
     )

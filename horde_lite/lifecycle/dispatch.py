@@ -48,8 +48,9 @@ class Job:
 
 # Candidates judged per round trip: a page of the worker's part of the queue. Small, since the
 # head of that part is usually takeable; a page wholly refused (by rules the index cannot see:
-# targeting, failed workers, chat features, the speed gate) moves the walk on to the next, twice
-# as long up to POP_PAGE_MOST: a worker behind n refused requests pays log2(n / 32) pages, not n / 32.
+# deny-lists, long allow-lists, failed workers, chat features, the speed gate) moves the walk on
+# to the next, twice as long up to POP_PAGE_MOST: a worker behind n refused requests pays
+# log2(n / 32) pages, not n / 32.
 POP_PAGE = 32
 POP_PAGE_MOST = 512
 

@@ -93,11 +93,16 @@ def legacy_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
     return and_(w.max_length >= r.max_length, w.max_context_length >= r.max_context_length)
 
 
+def allow_list_admits(r: RequestRow, worker_id: ColumnElement[Any]) -> ColumnElement[bool]:
+    """The request targets no worker, or names this one in its allow-list."""
+    return or_(not_(r.targeted), TextArrayHas(r.worker_allow, worker_id))
+
+
 def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
     """The request's own choice of workers (allow-list, deny-list, trusted owners only), and its
     history: a worker whose job of it lapsed or faulted is never offered it again."""
     return and_(
-        or_(not_(r.targeted), TextArrayHas(r.worker_allow, w.id)),
+        allow_list_admits(r, w.id),
         not_(TextArrayHas(r.worker_deny, w.id)),
         or_(not_(r.trusted_workers), w.trusted),
         not_(TextArrayHas(r.failed_workers, w.id)),

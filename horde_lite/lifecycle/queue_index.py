@@ -2,7 +2,9 @@
 
 `queue_entries` holds one row per request with a job to hand out and model it asks for
 (`ANY_MODEL` for a request any model serves), keyed by the queue order (effective_start,
-created_at, request id) and carrying the length limits a worker must meet. The pop walks it per
+created_at, request id) and carrying the length limits and choices a worker must meet; a request
+targeted at a few workers has one row per model and worker, so the others' walks skip it inside
+the index. The pop walks it per
 model through its index instead of judging the whole queue: its cost follows what the worker can
 take, not the queue's length (docs/explanation/dispatch.md). The wait estimate walks its own
 copy of the queue in memory (lifecycle/mirror.py).
@@ -41,13 +43,20 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.db.models import QueueEntry, TextRequest, Worker
-from horde_lite.lifecycle.eligibility import Rules, fast_enough
+from horde_lite.lifecycle.eligibility import Rules, allow_list_admits, fast_enough
 
 ANY_MODEL = ""  # the entry of a request that names no model: every worker serves it
 
 # Past this many models, one walk of the whole queue in order (its own index) is cheaper than a
 # merge of per-model walks, each of which may read a page that the merge then drops.
 MANY_MODELS = 8
+
+ANY_WORKER = ""  # the target of an entry any worker may read
+# A request targeted at up to this many workers has an entry per worker it names; a longer
+# allow-list (rare: targeting is "my worker", or a handful) is entered as targeting none, so a
+# request costs a bounded number of entries, and the claim judges its allow-list as always.
+TARGETS_INDEXED = 16
+TARGET_LENGTH = 36  # a worker id's length: a longer name in an allow-list can name no worker
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +74,7 @@ class Limits:
     a request that refuses slow workers); implied by the eligibility check, read here only to skip,
     inside the index, entries the worker could never take."""
 
+    worker_id: str
     max_length: int
     max_context_length: int
     chat_max_completion_tokens: int | None
@@ -81,6 +91,7 @@ class Limits:
     @classmethod
     def of(cls, worker: Worker, rules: Rules) -> Limits:
         return cls(
+            worker.id,
             worker.max_length,
             worker.max_context_length,
             worker.chat_max_completion_tokens,
@@ -93,7 +104,17 @@ class Limits:
 
 # The request columns an entry is made of.
 _SOURCE = ("id", "models", "any_model", "effective_start", "created_at", "is_chat", "max_length",
-           "max_context_length", "prompt_tokens", "nsfw", "trusted_workers", "slow_workers")  # fmt: skip
+           "max_context_length", "prompt_tokens", "nsfw", "trusted_workers", "slow_workers", "targeted",
+           "worker_allow")  # fmt: skip
+
+
+def targets(request: Mapping[str, Any]) -> list[str]:
+    """The workers a request's entries name: those of its allow-list when it is short enough to
+    index (`TARGETS_INDEXED`), else `ANY_WORKER` alone."""
+    allow = sorted(set(request.get("worker_allow") or ())) if request.get("targeted") else []
+    if not allow or len(allow) > TARGETS_INDEXED or any(len(w) > TARGET_LENGTH for w in allow):
+        return [ANY_WORKER]
+    return allow
 
 
 def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -115,7 +136,7 @@ def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         "slow_workers": bool(request.get("slow_workers", True)),
     }
     models = [ANY_MODEL] if request.get("any_model", True) else sorted(set(request["models"]))
-    return [{**common, "model": m} for m in models]
+    return [{**common, "model": m, "target": t} for m in models for t in targets(request)]
 
 
 async def enter(session: AsyncSession, row: TextRequest) -> None:
@@ -165,6 +186,11 @@ def _chooses(nsfw: Any, trusted_workers: Any, slow_workers: Any) -> list[ColumnE
     ]
 
 
+def _targets_worker(target: Any) -> ColumnElement[bool]:
+    """An entry the worker may read: one that targets no worker, or this one."""
+    return or_(target == ANY_WORKER, target == bindparam("worker_id"))
+
+
 def _after(key: Any, after: bool) -> list[ColumnElement[bool]]:
     """After the previous page's last row (the full key)."""
     if not after:
@@ -201,6 +227,7 @@ def _statement(shape: _Shape) -> Select[Any]:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
             where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
+            where.append(allow_list_admits(r, bindparam("worker_id")))
         built = select(r.id.label("request_id"), r.effective_start, r.created_at).where(*where)
         built = built.order_by(*key).limit(size)
         _STATEMENTS[shape] = built
@@ -210,7 +237,7 @@ def _statement(shape: _Shape) -> Select[Any]:
     fits: list[ColumnElement[bool]] = [true()]
     if shape.chat is not None:
         fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat)]
-        fits += _chooses(e.nsfw, e.trusted_workers, e.slow_workers)
+        fits += [*_chooses(e.nsfw, e.trusted_workers, e.slow_workers), _targets_worker(e.target)]
 
     def branch(i: int) -> Any:
         model = bindparam(f"model_{i}")
@@ -253,6 +280,7 @@ def _values(
     for i, model in enumerate(models or ()):
         values[f"model_{i}"] = model
     if limits is not None:
+        values["worker_id"] = limits.worker_id
         values["longest"] = limits.max_length
         values["max_length"] = limits.max_length
         values["max_context_length"] = limits.max_context_length

@@ -296,3 +296,61 @@ async def test_a_pop_does_not_page_past_jobs_being_generated(client: HordeClient
     job, claims = await _claims_of(client, key, "w", models=models)
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert (request_id, claims) == (wanted, 1)
+
+
+async def _worker_id(client: HordeClient, name: str) -> str:
+    [(worker_id,)] = await _rows(client, "SELECT id FROM workers WHERE name = :n", n=name)
+    return str(worker_id)
+
+
+async def test_a_targeted_requests_entries_name_its_workers(client: HordeClient) -> None:
+    """A short allow-list: an entry per model and named worker. A long one, or a deny-list: entries
+    that name no worker ("", read by every walk), the allow-list judged by the claim as always; the
+    one worker it names among many still takes it."""
+    key = await client.user("owner")
+    for name in ("a", "b"):
+        assert (await client.pop(key, name, models=["t-7B"])).json()["id"] is None
+    a, b = await _worker_id(client, "a"), await _worker_id(client, "b")
+    both = (await client.create(ANON, models=["t-7B", "u-7B"], workers=[b, a])).json()["id"]
+    pairs = "SELECT model, target FROM queue_entries WHERE request_id = :r ORDER BY 1, 2"
+    assert await _rows(client, pairs, r=both) == sorted([(m, w) for m in ("t-7B", "u-7B") for w in (a, b)])
+    client.clock.advance(1)
+    denied = (await client.create(ANON, models=["t-7B"], workers=[a], worker_blacklist=True)).json()["id"]
+    assert await _rows(client, pairs, r=denied) == [("t-7B", "")]
+    client.clock.advance(1)
+    many = [f"{i:036d}" for i in range(queue_index.TARGETS_INDEXED)] + [b]
+    crowd = (await client.create(ANON, models=["t-7B"], workers=many)).json()["id"]
+    assert await _rows(client, pairs, r=crowd) == [("t-7B", "")]
+    # Queue order: `both`, `denied` (refuses a), `crowd` (b only).
+    taken = []
+    for name in ("a", "b", "b", "a"):
+        job = (await client.pop(key, name, models=["t-7B"])).json()
+        taken.append(job["id"] and (await _rows(client, "SELECT request_id FROM generations WHERE id = :g",
+                                                g=job["id"]))[0][0])  # fmt: skip
+    assert taken == [both, denied, crowd, None]
+    assert await _rows(client, "SELECT count(*) FROM queue_entries") == [(0,)]
+
+
+@pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
+async def test_the_walk_skips_requests_targeted_at_other_workers(client: HordeClient, served: int) -> None:
+    """More than a page of requests ahead targeted at another worker: the walk skips them inside the
+    index (by model) or by the allow-list alone (the whole queue), so the pop judges one page and
+    takes the request behind them; the worker they name takes them first."""
+    key = await client.user("owner")
+    models = ["v-7B", *(f"other-{i}" for i in range(served - 1))]
+    assert (await client.pop(key, "w", models=models)).json()["id"] is None
+    assert (await client.pop(key, "mine", models=["v-7B"])).json()["id"] is None
+    mine = await _worker_id(client, "mine")
+    ahead = []
+    for _ in range(dispatch.POP_PAGE + 2):
+        response = await client.create(ANON, models=["v-7B"], params={"max_length": 16}, workers=[mine])
+        assert response.status_code == 202, response.text
+        ahead.append(response.json()["id"])
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["v-7B"], params={"max_length": 16})).json()["id"]
+    job, claims = await _claims_of(client, key, "w", models=models)
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert (request_id, claims) == (wanted, 1)
+    job = (await client.pop(key, "mine", models=["v-7B"])).json()
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert request_id in ahead

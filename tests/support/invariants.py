@@ -34,6 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from horde_lite.db.models import Generation, KudosEvent, KudosHold, QueueEntry, SharedKey, TextRequest, User
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.mirror import QueueMirror
+from horde_lite.lifecycle.queue_index import TARGET_LENGTH, TARGETS_INDEXED
 
 FINISHED = ("ok", "censored")
 JOB_KINDS = ("reward", "charge")
@@ -89,10 +90,14 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                     TextRequest.shared_key_hash,
                     TextRequest.any_model,
                     TextRequest.models,
+                    TextRequest.targeted,
+                    TextRequest.worker_allow,
                 )
             )
         ).all()
-        entries = (await conn.execute(select(QueueEntry.request_id, QueueEntry.model))).all()
+        entries = (
+            await conn.execute(select(QueueEntry.request_id, QueueEntry.model, QueueEntry.target))
+        ).all()
         generations = (
             await conn.execute(
                 select(
@@ -120,13 +125,17 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             )
 
     # --- the queue's index: the models (or "" for any) of a waiting request with a job to hand out,
-    # nothing else ---------------------------------------------------------------------------------
-    indexed: dict[str, set[str]] = defaultdict(set)
+    # each with the workers a short allow-list names (or "" for any), nothing else ---------------
+    indexed: dict[str, set[tuple[str, str]]] = defaultdict(set)
     for e in entries:
-        indexed[e.request_id].add(e.model)
+        indexed[e.request_id].add((e.model, e.target))
     for r in requests:
         offered = r.state == "waiting" and r.n_remaining > 0
-        want = ({""} if r.any_model else set(r.models)) if offered else set()
+        allow = set(r.worker_allow) if r.targeted else set()
+        short = 0 < len(allow) <= TARGETS_INDEXED and all(len(w) <= TARGET_LENGTH for w in allow)
+        named = allow if short else {""}
+        models = {""} if r.any_model else set(r.models)
+        want = {(m, w) for m in models for w in named} if offered else set()
         if indexed.pop(r.id, set()) != want:
             bad(
                 "queue index == requests with a job to hand out",

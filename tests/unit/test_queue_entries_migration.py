@@ -1,6 +1,7 @@
 """The migrations of the queue's index, on SQLite and PostgreSQL: 0011 keeps only requests with a
 job to hand out (going back gives every waiting request its entries again, coming forward takes
-them from the requests whose jobs are all out); 0013 gives the entries their request's choices."""
+them from the requests whose jobs are all out); 0013 gives the entries their request's choices;
+0014 names the workers of a short allow-list (going back leaves one entry per model)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ def _request(request_id: str, *, left: int, models: list[str], state: str = "wai
             "trusted_workers": False, "slow_workers": True}  # fmt: skip
 
 
+_USER = {"id": 1, "username": "u", "api_key_hash": "h", "kudos": 0.0, "trusted": False, "moderator": False,
+         "anonymous": False, "created_at": 0.0}  # fmt: skip
+
+
 async def _seed(url: str) -> None:
     models = {"offered": ["m1"], "out": ["m1", "m2"], "out-any": [], "done": ["m1"]}
     requests = [
@@ -37,9 +42,7 @@ async def _seed(url: str) -> None:
     engine = make_engine(url, null_pool=True)
     try:
         async with engine.begin() as conn:
-            user = {"id": 1, "username": "u", "api_key_hash": "h", "kudos": 0.0, "trusted": False,
-                    "moderator": False, "anonymous": False, "created_at": 0.0}  # fmt: skip
-            await conn.execute(insert(User.__table__), user)
+            await conn.execute(insert(User.__table__), _USER)
             await conn.execute(insert(TextRequest.__table__), requests)
             await conn.execute(insert(RequestModel.__table__), links)
             await conn.execute(insert(QueueEntry.__table__), entry_rows(requests[0]))  # as the head keeps it
@@ -77,3 +80,34 @@ def test_entries_of_requests_with_every_job_out_go_and_come_back(db_url: str) ->
         assert [tuple(map(bool, r)) for r in asyncio.run(_sql(db_url, choices))] == [(True, False, False)]
     finally:
         migrate.upgrade(db_url)  # leave the shared database at the head for the other tests
+
+
+async def _seed_targeted(url: str) -> None:
+    crowd = [f"{i:036d}" for i in range(17)]
+    requests = [
+        {**_request("aimed", left=1, models=["m1", "m2"]), "targeted": True, "worker_allow": ["w2", "w1"]},
+        {**_request("crowd", left=1, models=["m1"]), "targeted": True, "worker_allow": crowd},
+    ]
+    engine = make_engine(url, null_pool=True)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(User.__table__), _USER)
+            await conn.execute(insert(TextRequest.__table__), requests)
+            await conn.execute(insert(QueueEntry.__table__), [e for r in requests for e in entry_rows(r)])
+    finally:
+        await engine.dispose()
+
+
+def test_a_short_allow_lists_workers_are_named_and_unnamed(db_url: str) -> None:
+    named = [("aimed", m, w) for m in ("m1", "m2") for w in ("w1", "w2")] + [("crowd", "m1", "")]
+    sql = "SELECT request_id, model, target FROM queue_entries ORDER BY 1, 2, 3"
+    try:
+        asyncio.run(_seed_targeted(db_url))
+        assert asyncio.run(_sql(db_url, sql)) == named
+        _commands(db_url).downgrade("0013_entries_carry_choices")
+        unnamed = "SELECT request_id, model FROM queue_entries ORDER BY 1, 2"
+        assert asyncio.run(_sql(db_url, unnamed)) == [("aimed", "m1"), ("aimed", "m2"), ("crowd", "m1")]
+        migrate.upgrade(db_url)
+        assert asyncio.run(_sql(db_url, sql)) == named
+    finally:
+        migrate.upgrade(db_url)
