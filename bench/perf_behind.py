@@ -10,7 +10,9 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
 - `nsfw`: they ask for NSFW workers, which the popping worker is not; each pop finds nothing;
 - `deny`: their deny-list names the popping worker (a rule the queue's index cannot see); each pop
   finds nothing;
-- `target`: they name another worker as the only one allowed (targeting); each pop finds nothing.
+- `target`: they name another worker as the only one allowed (targeting); each pop finds nothing;
+- `models`: they ask for a model the popping worker does not serve, and it serves 8 others (so
+  its walk reads the whole queue's order, not its models' entries); each pop finds nothing.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from bench.soak import set_up_users
 from bench.soak_servers import Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
+from horde_lite.lifecycle.queue_index import MANY_MODELS
 
-CASES = ("running", "nsfw", "deny", "target")
+CASES = ("running", "nsfw", "deny", "target", "models")
 POP = "/api/v2/generate/text/pop"
 CREATE_PATH = "/api/v2/generate/text/async"
 
@@ -70,7 +73,10 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                         raise SystemExit(f"perf_behind: {path}: {response.status_code} {response.text}")
                     return response.json()
 
-                await post(POP, owner, _pop_body(0))  # the measured worker exists, and the other
+                measured = _pop_body(0)
+                if case == "models":
+                    measured["models"] = [f"bench/Other-{i}" for i in range(MANY_MODELS)]
+                await post(POP, owner, measured)  # the measured worker exists, and the other
                 await post(POP, other, _pop_body(1))
                 workers = {w["name"]: w["id"] for w in (await http.get("/api/v2/workers")).json()}
                 worker_id, other_id = workers[_pop_body(0)["name"]], workers[_pop_body(1)["name"]]
@@ -87,12 +93,12 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                     for _ in range(pops + 10):
                         await post(CREATE_PATH, requester, CREATE)
                 for _ in range(10):  # warm: statements built and prepared
-                    await post(POP, owner, _pop_body(0))
+                    await post(POP, owner, measured)
                 pgids = {server.process.pid} if server.process is not None else set()
                 (cpu0, pg0), began = _cpu_seconds(pgids), time.perf_counter()
                 found = 0
                 for _ in range(pops):
-                    found += (await post(POP, owner, _pop_body(0)))["id"] is not None
+                    found += (await post(POP, owner, measured))["id"] is not None
                 (cpu1, pg1), ended = _cpu_seconds(pgids), time.perf_counter()
         finally:
             server.stop()

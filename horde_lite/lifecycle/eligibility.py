@@ -76,7 +76,12 @@ def serves_request_models(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
     the listings and indexed look-ups): a row-local test. As an EXISTS over the link tables it sat
     under an OR, and PostgreSQL hashed the whole request_models x worker_models join to answer it,
     a cost that grew with the queue on every read (bench/README.md)."""
-    return or_(r.any_model, TextArraysOverlap(w.models, r.models))
+    return serves_models(w.models, r)
+
+
+def serves_models(models: ColumnElement[Any], r: RequestRow) -> ColumnElement[bool]:
+    """`models` (a JSON list: a worker's column, or a bound list) serve request `r`."""
+    return or_(r.any_model, TextArraysOverlap(models, r.models))
 
 
 def chat_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:

@@ -43,7 +43,8 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.db.models import QueueEntry, TextRequest, Worker
-from horde_lite.lifecycle.eligibility import Rules, allow_list_admits, fast_enough
+from horde_lite.db.sqltypes import JsonList
+from horde_lite.lifecycle.eligibility import Rules, allow_list_admits, fast_enough, serves_models
 
 ANY_MODEL = ""  # the entry of a request that names no model: every worker serves it
 
@@ -204,6 +205,7 @@ class _Shape:
     """What a page's statement is built from; its values are bound parameters (see `_values`)."""
 
     models: int | None  # distinct models walked, the any-model entry included; None: the whole queue
+    # in order, filtered by the worker's models
     chat: bool | None  # None: no length limits; else whether the worker declared chat limits
     after: bool
 
@@ -228,6 +230,9 @@ def _statement(shape: _Shape) -> Select[Any]:
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
             where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
             where.append(allow_list_admits(r, bindparam("worker_id")))
+        # The models, read from the row: else a worker serving none of the head's models would page
+        # through all of it, each row judged by the claim.
+        where.append(serves_models(bindparam("worker_models", type_=JsonList), r))
         built = select(r.id.label("request_id"), r.effective_start, r.created_at).where(*where)
         built = built.order_by(*key).limit(size)
         _STATEMENTS[shape] = built
@@ -271,13 +276,16 @@ def _statement(shape: _Shape) -> Select[Any]:
 
 
 def _values(
-    models: list[str] | None,
+    models: Sequence[str],
+    walked: list[str] | None,
     size: int,
     limits: Limits | None,
     after: Position | None,
 ) -> dict[str, Any]:
     values: dict[str, Any] = {"size": size}
-    for i, model in enumerate(models or ()):
+    if walked is None:
+        values["worker_models"] = sorted(set(models))
+    for i, model in enumerate(walked or ()):
         values[f"model_{i}"] = model
     if limits is not None:
         values["worker_id"] = limits.worker_id
@@ -307,18 +315,19 @@ class Page:
 
 async def page(
     session: AsyncSession,
-    models: Sequence[str] | None,
+    models: Sequence[str],
     *,
     size: int,
     limits: Limits | None = None,
     after: Position | None = None,
 ) -> Page:
     """The page of the walk (see `walk`) that starts after `after` (None: at the head)."""
-    walked = None if models is None or len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
+    walked = None if len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
     chat = None if limits is None else limits.chat
     conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
     shape = _Shape(None if walked is None else len(walked), chat, after is not None)
-    rows = (await conn.execute(_statement(shape), _values(walked, size, limits, after))).all()
+    values = _values(models, walked, size, limits, after)
+    rows = (await conn.execute(_statement(shape), values)).all()
     seen: dict[str, Any] = {}
     for row in rows:
         seen.setdefault(row[0], row)
@@ -328,15 +337,15 @@ async def page(
 
 async def walk(
     session: AsyncSession,
-    models: Sequence[str] | None,
+    models: Sequence[str],
     *,
     size: int,
     limits: Limits | None = None,
     first: Page | None = None,
     most: int | None = None,
 ) -> AsyncIterator[list[Any]]:
-    """Pages of the waiting requests in queue order that ask for one of `models` or for any model
-    (None: every waiting request), skipping those whose lengths exceed `limits`, until it runs out;
+    """Pages of the waiting requests in queue order that ask for one of `models` or for any model,
+    skipping those whose lengths, choices or targets refuse `limits`' worker, until it runs out;
     the caller stops early when it has what it needs. The first page holds `size` rows at most,
     one per request (first appearance): `(request_id, effective_start, created_at)`; each next page
     twice as many as the one before, up to `most` (default: `size`). `first`: the first page, read

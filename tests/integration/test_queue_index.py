@@ -354,3 +354,20 @@ async def test_the_walk_skips_requests_targeted_at_other_workers(client: HordeCl
     job = (await client.pop(key, "mine", models=["v-7B"])).json()
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert request_id in ahead
+
+
+async def test_a_worker_of_many_models_skips_requests_for_others(client: HordeClient) -> None:
+    """A worker serving many models walks the whole queue's order: more than a page of requests
+    ahead for a model it does not serve is skipped by the walk (one claim), not judged."""
+    key = await client.user("owner")
+    models = [f"many-{i}" for i in range(queue_index.MANY_MODELS)]
+    assert (await client.pop(key, "w", models=models)).json()["id"] is None
+    assert (await client.pop(key, "other", models=["elsewhere-7B"])).json()["id"] is None
+    for _ in range(dispatch.POP_PAGE + 2):
+        response = await client.create(ANON, models=["elsewhere-7B"], params={"max_length": 16})
+        assert response.status_code == 202, response.text
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=[models[-1]], params={"max_length": 16})).json()["id"]
+    job, claims = await _claims_of(client, key, "w", models=models)
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert (request_id, claims) == (wanted, 1)
