@@ -12,7 +12,15 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
   finds nothing;
 - `target`: they name another worker as the only one allowed (targeting); each pop finds nothing;
 - `models`: they ask for a model the popping worker does not serve, and it serves 8 others (so
-  its walk reads the whole queue's order, not its models' entries); each pop finds nothing.
+  its walk reads the whole queue's order, not its models' entries); each pop finds nothing;
+- `gate`: they are chat requests longer than the popping worker can finish inside a lease, and a
+  worker that can is online (the speed gate, `prefer_capable`, refuses them); each pop finds
+  nothing. The bench turns requests made through the horde API into chat requests in the database,
+  since a chat request made through `/v1` holds its connection until it is served.
+
+Before the measured pops the database's planner statistics are brought up to date (`VACUUM
+ANALYZE`, SQLite's `ANALYZE`), as autovacuum keeps them on a horde that has run a while: without,
+PostgreSQL plans for the empty tables the bench started from.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from sqlalchemy import text, update
 
 from bench.admission import BENCH_PG_DB, DEFAULT_PG
 from bench.perf_cycles import CREATE, RATE_LIMITS_OFF, _cpu_seconds, _pop_body
@@ -32,9 +41,11 @@ from bench.soak import set_up_users
 from bench.soak_servers import Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
+from horde_lite.db.models import QueueEntry, TextRequest, Worker
 from horde_lite.lifecycle.queue_index import MANY_MODELS
+from horde_lite.settings import Settings
 
-CASES = ("running", "nsfw", "deny", "target", "models")
+CASES = ("running", "nsfw", "deny", "target", "models", "gate")
 POP = "/api/v2/generate/text/pop"
 CREATE_PATH = "/api/v2/generate/text/async"
 
@@ -49,6 +60,50 @@ async def _database(db: str, pg_url: str, work: Path) -> str:
         await fresh_postgres(url)
     await asyncio.to_thread(migrate.upgrade, url)
     return url
+
+
+# Both workers' chat declaration in the `gate` case; the requests ahead ask for GATE_LENGTH tokens,
+# which the popping worker (capacity GATE_SLOW) cannot finish inside a lease and the other can.
+GATE_CHAT = {"max_completion_tokens": 2048, "max_context_tokens": 8192}
+GATE_LENGTH, GATE_SLOW, GATE_FAST = 512, 100, 10_000
+
+
+async def _chat_ahead(url: str, slow_id: str, fast_id: str) -> None:
+    """The `gate` case: every waiting request becomes a chat request of GATE_LENGTH tokens (its
+    queue entries too), and the two workers get their capacities."""
+    engine = make_engine(url)
+    try:
+        async with engine.begin() as conn:
+            chat = {"messages": [{"role": "user", "content": "hi"}]}
+            await conn.execute(
+                update(TextRequest)
+                .where(TextRequest.state == "waiting")
+                .values(is_chat=True, max_length=GATE_LENGTH, prompt_tokens=10, chat=chat)
+            )
+            await conn.execute(update(QueueEntry).values(is_chat=True, need_length=GATE_LENGTH,
+                                                         need_context=GATE_LENGTH + 10))  # fmt: skip
+            window = Settings().lease.generation_window_seconds  # the server runs the defaults
+            for worker_id, capacity in ((slow_id, GATE_SLOW), (fast_id, GATE_FAST)):
+                speed = capacity / window
+                values = {"lease_speed": speed, "speed_samples": [speed], "capacity": capacity}
+                await conn.execute(update(Worker).where(Worker.id == worker_id).values(**values))
+    finally:
+        await engine.dispose()
+
+
+async def _settle(url: str) -> None:
+    """The planner's statistics, as autovacuum keeps them on a horde that has run a while."""
+    engine = make_engine(url)
+    try:
+        async with engine.connect() as conn:
+            if engine.dialect.name == "postgresql":
+                await conn.execute(text("COMMIT"))  # VACUUM runs outside a transaction
+                await conn.execute(text("VACUUM ANALYZE"))
+            else:
+                await conn.execute(text("ANALYZE"))
+                await conn.commit()
+    finally:
+        await engine.dispose()
 
 
 async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> dict[str, Any]:
@@ -73,11 +128,13 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                         raise SystemExit(f"perf_behind: {path}: {response.status_code} {response.text}")
                     return response.json()
 
-                measured = _pop_body(0)
+                measured, others = _pop_body(0), _pop_body(1)
                 if case == "models":
                     measured["models"] = [f"bench/Other-{i}" for i in range(MANY_MODELS)]
+                if case == "gate":
+                    measured["chat"] = others["chat"] = GATE_CHAT
                 await post(POP, owner, measured)  # the measured worker exists, and the other
-                await post(POP, other, _pop_body(1))
+                await post(POP, other, others)
                 workers = {w["name"]: w["id"] for w in (await http.get("/api/v2/workers")).json()}
                 worker_id, other_id = workers[_pop_body(0)["name"]], workers[_pop_body(1)["name"]]
                 refusing = {
@@ -87,11 +144,14 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                 }.get(case, {})
                 for _ in range(ahead):
                     await post(CREATE_PATH, requester, {**CREATE, **refusing})
+                if case == "gate":
+                    await _chat_ahead(url, worker_id, other_id)
                 if case == "running":  # another worker takes every job ahead
                     for _ in range(ahead):
                         assert (await post(POP, other, _pop_body(1)))["id"] is not None
                     for _ in range(pops + 10):
                         await post(CREATE_PATH, requester, CREATE)
+                await _settle(url)
                 for _ in range(10):  # warm: statements built and prepared
                     await post(POP, owner, measured)
                 pgids = {server.process.pid} if server.process is not None else set()

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON
-from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy import JSON, String
+from sqlalchemy.dialects.postgresql import ARRAY, JSONB
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.compiler import SQLCompiler
 from sqlalchemy.sql.elements import ColumnElement
@@ -20,6 +20,30 @@ from sqlalchemy.types import Boolean
 # A flat JSON list of scalars (strings). Keep it flat: the constructs below assume it.
 JsonList = JSON().with_variant(JSONB(), "postgresql")
 JsonDoc = JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+# A list of strings bound as one parameter (see `OneOf`): an array on PostgreSQL, JSON on SQLite.
+TextList = JSON().with_variant(ARRAY(String()), "postgresql")
+
+
+class OneOf(ColumnElement[bool]):
+    """True when `column` equals one of the strings of `values`, a list bound as one parameter
+    (`TextList`), where `IN` would bind one parameter per string.
+
+    One statement text and one prepared statement serve every length of the list. And PostgreSQL's
+    generic plan (chosen after five runs of a prepared statement) looks the values up
+    (`= ANY($1)`), where with `IN ($1, ..., $n)` it rebuilt the list for every row it read and
+    tested each row against all of it: 9 ms for a claim of 512 ids behind 1,000 requests."""
+
+    inherit_cache = True
+    # What the statement cache keys on (see TextArrayHas).
+    _traverse_internals = [
+        ("column", InternalTraversal.dp_clauseelement),
+        ("values", InternalTraversal.dp_clauseelement),
+    ]
+    type = Boolean()
+
+    def __init__(self, column: ColumnElement[Any], values: ColumnElement[Any]) -> None:
+        self.column = column
+        self.values = values
 
 
 class TextArrayContainsAll(ColumnElement[bool]):
@@ -128,3 +152,18 @@ def _overlap_sqlite(element: TextArraysOverlap, compiler: SQLCompiler, **kw: Any
         f"(EXISTS (SELECT 1 FROM json_each({left}) AS overlap_left, json_each({right}) AS overlap_right "
         f"WHERE overlap_left.value = overlap_right.value))"
     )
+
+
+@compiles(OneOf, "postgresql")
+def _one_of_pg(element: OneOf, compiler: SQLCompiler, **kw: Any) -> str:
+    # A semi-join against the unnested list, not `= ANY($1)`: planned as lookups of the values in
+    # the column's index even in a generic plan, which tested `= ANY` against every row of
+    # another index's range.
+    column = compiler.process(element.column, **kw)
+    return f"({column} IN (SELECT unnest({compiler.process(element.values, **kw)})))"
+
+
+@compiles(OneOf)
+def _one_of_sqlite(element: OneOf, compiler: SQLCompiler, **kw: Any) -> str:
+    column = compiler.process(element.column, **kw)
+    return f"({column} IN (SELECT value FROM json_each({compiler.process(element.values, **kw)})))"

@@ -14,6 +14,7 @@ from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, TextRequest, User, Worker
+from horde_lite.db.sqltypes import OneOf, TextList
 from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import (
@@ -55,17 +56,6 @@ POP_PAGE = 32
 POP_PAGE_MOST = 512
 
 
-def _padded(ids: list[str]) -> list[str]:
-    """A later page's ids, the last repeated up to a power of two: its claim's `IN` list then has
-    one of four lengths past the first page's, so one statement text (and one prepared statement
-    per connection) serves each, not one per length a page can have. The first page is not padded:
-    its few ids are the common case, and each bound id costs."""
-    length = POP_PAGE
-    while length < len(ids):
-        length *= 2
-    return ids + [ids[-1]] * (length - len(ids))
-
-
 _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
 # A claimed job's request: its jobs left and its renewed expiry.
 _TAKEN = (
@@ -86,8 +76,16 @@ def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
     def build(symbolic: Rules) -> Select[Any]:
         r = TextRequest
         of_users = r.user_id.in_(bindparam("users", expanding=True))
-        of_ids = r.id.in_(bindparam("ids", expanding=True))
-        among = {"user": of_users, "id": of_ids, "both": or_(of_users, of_ids)}[by]
+        # The first page's few ids (with the users) as an IN list, which both databases answer
+        # with index lookups under the OR; a later page's, up to POP_PAGE_MOST, as one list
+        # parameter (`OneOf`): under an OR it would be tested against every waiting row, alone it
+        # is one statement text for every length and, on PostgreSQL, index lookups even in a
+        # generic plan (where an IN list of 512 was rebuilt and searched for every row read).
+        among = {
+            "user": of_users,
+            "id": OneOf(r.id, bindparam("ids", type_=TextList)),
+            "both": or_(of_users, r.id.in_(bindparam("ids", expanding=True))),
+        }[by]
         order = [r.effective_start, r.created_at, r.id]
         if by == "both":
             order.insert(0, case((of_users, 0), else_=1))
@@ -154,7 +152,7 @@ async def _candidate(
     ):
         ids = [row[0] for row in rows]
         # The first page is judged with the preferred users' requests, which go first.
-        found = await (first("id", ids=_padded(ids)) if paged else first("both", ids=ids, users=preferred))
+        found = await (first("id", ids=ids) if paged else first("both", ids=ids, users=preferred))
         if found is not None:
             return found
         paged = True

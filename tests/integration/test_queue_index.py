@@ -371,3 +371,26 @@ async def test_a_worker_of_many_models_skips_requests_for_others(client: HordeCl
     job, claims = await _claims_of(client, key, "w", models=models)
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert (request_id, claims) == (wanted, 1)
+
+
+async def test_later_pages_share_one_claim_statement(client: HordeClient) -> None:
+    """Behind three pages' worth of denied requests the pop judges pages of 32, 64 and 128 (the
+    last one partly filled): the two later claims send one statement text, their ids bound as one
+    list, whatever their lengths (one prepared statement per connection, not one per length)."""
+    key = await client.user("owner")
+    assert (await client.pop(key, "denied", models=["p-7B"])).json()["id"] is None
+    [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
+    rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(4)]
+    for i in range(3 * dispatch.POP_PAGE + 3):
+        response = await client.create(
+            rich[i % 4], models=["p-7B"], worker_blacklist=[denied], params={"max_length": 16}
+        )
+        assert response.status_code == 202, response.text
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
+    with statements_sent(client.horde.engine) as sent:
+        job = (await client.pop(key, "denied", models=["p-7B"])).json()
+    claims = [s.statement for s in sent if "AS claimed" in s.statement]
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert (request_id, len(claims)) == (wanted, 3)
+    assert claims[1] == claims[2]

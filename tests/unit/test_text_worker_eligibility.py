@@ -19,16 +19,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
-from sqlalchemy import delete, literal, select
+from sqlalchemy import bindparam, delete, literal, select
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
 from horde_lite.db.sqltypes import (
     JsonList,
+    OneOf,
     TextArrayContainsAll,
     TextArrayHas,
     TextArraysOverlap,
+    TextList,
 )
 from horde_lite.lifecycle import dispatch
 from horde_lite.lifecycle.eligibility import (
@@ -623,14 +625,22 @@ async def test_json_list_constructs_match_python_sets(
     client: HordeClient, left: list[str], right: list[str], value: str
 ) -> None:
     """The model rule (overlap), the allow/deny lists (membership) and the chat features
-    (containment) against Python's set operations, with awkward strings, on both databases."""
+    (containment) against Python's set operations, with awkward strings, on both databases; and
+    the claim's one-parameter id list (`OneOf`) against Python's `in`."""
     a, b = literal(left, JsonList), literal(right, JsonList)
+    one_of = OneOf(literal(value), bindparam("ids", left, type_=TextList))
     async with client.horde.sessionmaker() as session:
-        overlap, has, contains = (
+        overlap, has, contains, among = (
             await session.execute(
-                select(TextArraysOverlap(a, b), TextArrayHas(a, literal(value)), TextArrayContainsAll(a, b))
+                select(
+                    TextArraysOverlap(a, b),
+                    TextArrayHas(a, literal(value)),
+                    TextArrayContainsAll(a, b),
+                    one_of,
+                )
             )
         ).one()
     assert bool(overlap) is bool(set(left) & set(right))
     assert bool(has) is (value in left)
     assert bool(contains) is set(right).issubset(left)
+    assert bool(among) is (value in left)
