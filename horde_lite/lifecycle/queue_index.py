@@ -53,10 +53,10 @@ ANY_MODEL = ""  # the entry of a request that names no model: every worker serve
 MANY_MODELS = 8
 
 ANY_WORKER = ""  # the target of an entry any worker may read
-# A request targeted at up to this many workers has an entry per worker it names; a longer
-# allow-list (rare: targeting is "my worker", or a handful) is entered as targeting none, so a
-# request costs a bounded number of entries, and the claim judges its allow-list as always.
-TARGETS_INDEXED = 16
+# A targeted request has an entry per model and worker it names while they number at most this
+# many; a longer allow-list (rare: targeting is "my worker", or a handful) is entered as targeting
+# none, so a request costs a bounded number of entries, and the claim judges its allow-list.
+TARGET_ENTRIES = 16
 TARGET_LENGTH = 36  # a worker id's length: a longer name in an allow-list can name no worker
 
 
@@ -109,11 +109,11 @@ _SOURCE = ("id", "models", "any_model", "effective_start", "created_at", "is_cha
            "worker_allow")  # fmt: skip
 
 
-def targets(request: Mapping[str, Any]) -> list[str]:
-    """The workers a request's entries name: those of its allow-list when it is short enough to
-    index (`TARGETS_INDEXED`), else `ANY_WORKER` alone."""
+def targets(request: Mapping[str, Any], models: int) -> list[str]:
+    """The workers the entries of a request asking for `models` models name: those of its
+    allow-list when the entries would number at most `TARGET_ENTRIES`, else `ANY_WORKER` alone."""
     allow = sorted(set(request.get("worker_allow") or ())) if request.get("targeted") else []
-    if not allow or len(allow) > TARGETS_INDEXED or any(len(w) > TARGET_LENGTH for w in allow):
+    if not allow or models * len(allow) > TARGET_ENTRIES or any(len(w) > TARGET_LENGTH for w in allow):
         return [ANY_WORKER]
     return allow
 
@@ -137,7 +137,7 @@ def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         "slow_workers": bool(request.get("slow_workers", True)),
     }
     models = [ANY_MODEL] if request.get("any_model", True) else sorted(set(request["models"]))
-    return [{**common, "model": m, "target": t} for m in models for t in targets(request)]
+    return [{**common, "model": m, "target": t} for m in models for t in targets(request, len(models))]
 
 
 async def enter(session: AsyncSession, row: TextRequest) -> None:

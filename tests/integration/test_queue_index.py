@@ -318,7 +318,7 @@ async def test_a_targeted_requests_entries_name_its_workers(client: HordeClient)
     denied = (await client.create(ANON, models=["t-7B"], workers=[a], worker_blacklist=True)).json()["id"]
     assert await _rows(client, pairs, r=denied) == [("t-7B", "")]
     client.clock.advance(1)
-    many = [f"{i:036d}" for i in range(queue_index.TARGETS_INDEXED)] + [b]
+    many = [f"{i:036d}" for i in range(queue_index.TARGET_ENTRIES)] + [b]
     crowd = (await client.create(ANON, models=["t-7B"], workers=many)).json()["id"]
     assert await _rows(client, pairs, r=crowd) == [("t-7B", "")]
     # Queue order: `both`, `denied` (refuses a), `crowd` (b only).

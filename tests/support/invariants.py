@@ -34,7 +34,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from horde_lite.db.models import Generation, KudosEvent, KudosHold, QueueEntry, SharedKey, TextRequest, User
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.mirror import QueueMirror
-from horde_lite.lifecycle.queue_index import TARGET_LENGTH, TARGETS_INDEXED
+from horde_lite.lifecycle.queue_index import TARGET_ENTRIES, TARGET_LENGTH
 
 FINISHED = ("ok", "censored")
 JOB_KINDS = ("reward", "charge")
@@ -132,9 +132,9 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
     for r in requests:
         offered = r.state == "waiting" and r.n_remaining > 0
         allow = set(r.worker_allow) if r.targeted else set()
-        short = 0 < len(allow) <= TARGETS_INDEXED and all(len(w) <= TARGET_LENGTH for w in allow)
-        named = allow if short else {""}
         models = {""} if r.any_model else set(r.models)
+        few = 0 < len(allow) * len(models) <= TARGET_ENTRIES and all(len(w) <= TARGET_LENGTH for w in allow)
+        named = allow if few else {""}
         want = {(m, w) for m in models for w in named} if offered else set()
         if indexed.pop(r.id, set()) != want:
             bad(

@@ -22,13 +22,13 @@ depends_on = None
 _WALK = ["model", "effective_start", "created_at", "request_id", "is_chat", "need_length", "need_context",
          "nsfw", "trusted_workers", "slow_workers"]  # fmt: skip
 # Frozen copies of lifecycle/queue_index.py's rule as of this revision.
-_TARGETS_INDEXED = 16
+_TARGET_ENTRIES = 16
 _TARGET_LENGTH = 36
 
 
-def _targets(allow: object) -> list[str]:
+def _targets(allow: object, models: int) -> list[str]:
     names = sorted(set(json.loads(allow) if isinstance(allow, str) else (allow or [])))
-    if not names or len(names) > _TARGETS_INDEXED or any(len(n) > _TARGET_LENGTH for n in names):
+    if not names or models * len(names) > _TARGET_ENTRIES or any(len(n) > _TARGET_LENGTH for n in names):
         return []
     return names
 
@@ -40,20 +40,30 @@ def upgrade() -> None:
         batch_op.drop_constraint("pk_queue_entries", type_="primary")
         batch_op.create_primary_key("pk_queue_entries", ["request_id", "model", "target"])
     op.create_index("ix_queue_entries_walk", "queue_entries", [*_WALK, "target"])
-    # The entries of an existing horde's targeted requests name their workers.
+    # The entries of an existing horde's targeted requests name their workers: read in one
+    # statement, replaced in a few (the waiting queue only, grouped by request in Python).
     bind = op.get_bind()
     entries = sa.table("queue_entries", *(sa.column(c) for c in [*_WALK, "target"]))
-    targeted = bind.execute(
-        sa.text("SELECT id, worker_allow FROM text_requests WHERE targeted AND state = 'waiting'")
-    ).all()
-    for request_id, allow in targeted:
-        names = _targets(allow)
-        if not names:
-            continue
-        rows = bind.execute(sa.select(entries).where(entries.c.request_id == request_id)).mappings().all()
-        bind.execute(sa.delete(entries).where(entries.c.request_id == request_id))
-        if rows:
-            bind.execute(sa.insert(entries), [{**row, "target": n} for row in rows for n in names])
+    requests = sa.table("text_requests", sa.column("id"), sa.column("worker_allow"), sa.column("targeted"),
+                        sa.column("state"))  # fmt: skip
+    found = bind.execute(
+        sa.select(entries, requests.c.worker_allow)
+        .join(requests, requests.c.id == entries.c.request_id)
+        .where(requests.c.targeted, requests.c.state == "waiting")
+    ).mappings()
+    by_request: dict[str, list[dict[str, object]]] = {}
+    allow_of: dict[str, object] = {}
+    for row in found:
+        entry = {c: row[c] for c in [*_WALK, "target"]}
+        by_request.setdefault(str(row["request_id"]), []).append(entry)
+        allow_of[str(row["request_id"])] = row["worker_allow"]
+    named = {rid: _targets(allow_of[rid], len(rows)) for rid, rows in by_request.items()}
+    replaced = [rid for rid, names in named.items() if names]
+    for start in range(0, len(replaced), 500):
+        bind.execute(sa.delete(entries).where(entries.c.request_id.in_(replaced[start : start + 500])))
+    new = [{**row, "target": n} for rid in replaced for row in by_request[rid] for n in named[rid]]
+    if new:
+        bind.execute(sa.insert(entries), new)
 
 
 def downgrade() -> None:
