@@ -4,10 +4,9 @@
 (`ANY_MODEL` for a request any model serves), keyed by the queue order (effective_start,
 created_at, request id) and carrying the length limits and choices a worker must meet; a request
 targeted at a few workers has one row per model and worker, so the others' walks skip it inside
-the index. The pop walks it per
-model through its index instead of judging the whole queue: its cost follows what the worker can
-take, not the queue's length (docs/explanation/dispatch.md). The wait estimate walks its own
-copy of the queue in memory (lifecycle/mirror.py).
+the index. The pop walks it per model through its index instead of judging the whole queue: its
+cost follows what the worker can take, not the queue's length (docs/explanation/dispatch.md). The
+wait estimate walks its own copy of the queue in memory (lifecycle/mirror.py).
 
 The entries are a hint beside the truth. Every reader still judges the request rows themselves
 with the one eligibility check, so an entry left behind costs a skipped candidate, never a wrong
@@ -204,8 +203,9 @@ def _after(key: Any, after: bool) -> list[ColumnElement[bool]]:
 class _Shape:
     """What a page's statement is built from; its values are bound parameters (see `_values`)."""
 
-    models: int | None  # distinct models walked, the any-model entry included; None: the whole queue
-    # in order, filtered by the worker's models
+    # Distinct models walked, the any-model entry included; None: the whole queue's order,
+    # filtered by the worker's models.
+    models: int | None
     chat: bool | None  # None: no length limits; else whether the worker declared chat limits
     after: bool
 
