@@ -16,7 +16,10 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
 - `gate`: they are chat requests longer than the popping worker can finish inside a lease, and a
   worker that can is online (the speed gate, `prefer_capable`, refuses them); each pop finds
   nothing. The bench turns requests made through the horde API into chat requests in the database,
-  since a chat request made through `/v1` holds its connection until it is served.
+  since a chat request made through `/v1` holds its connection until it is served;
+- `fleet`: as `gate`, with FLEET more slow chat workers online beside the popping one, as on a
+  horde with a few fast workers among many slow ones (the speed gate asks, for each request it
+  refuses, whether a worker that can is online).
 
 Before the measured pops the database's planner statistics are brought up to date (`VACUUM
 ANALYZE`, SQLite's `ANALYZE`), as autovacuum keeps them on a horde that has run a while: without,
@@ -29,11 +32,12 @@ import argparse
 import asyncio
 import tempfile
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy import text, update
+from sqlalchemy import insert, select, text, update
 
 from bench.admission import BENCH_PG_DB, DEFAULT_PG
 from bench.perf_cycles import CREATE, RATE_LIMITS_OFF, _cpu_seconds, _pop_body
@@ -41,11 +45,11 @@ from bench.soak import set_up_users
 from bench.soak_servers import Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
-from horde_lite.db.models import QueueEntry, TextRequest, Worker
+from horde_lite.db.models import QueueEntry, TextRequest, Worker, WorkerModel
 from horde_lite.lifecycle.queue_index import MANY_MODELS
 from horde_lite.settings import Settings
 
-CASES = ("running", "nsfw", "deny", "target", "models", "gate")
+CASES = ("running", "nsfw", "deny", "target", "models", "gate", "fleet")
 POP = "/api/v2/generate/text/pop"
 CREATE_PATH = "/api/v2/generate/text/async"
 
@@ -66,11 +70,13 @@ async def _database(db: str, pg_url: str, work: Path) -> str:
 # which the popping worker (capacity GATE_SLOW) cannot finish inside a lease and the other can.
 GATE_CHAT = {"max_completion_tokens": 2048, "max_context_tokens": 8192}
 GATE_LENGTH, GATE_SLOW, GATE_FAST = 512, 100, 10_000
+FLEET = 200  # the `fleet` case's other slow workers
 
 
-async def _chat_ahead(url: str, slow_id: str, fast_id: str) -> None:
+async def _chat_ahead(url: str, slow_id: str, fast_id: str, fleet: int) -> None:
     """The `gate` case: every waiting request becomes a chat request of GATE_LENGTH tokens (its
-    queue entries too), and the two workers get their capacities."""
+    queue entries too), and the two workers get their capacities; `fleet` copies of the slow worker
+    (online, as it is) join them."""
     engine = make_engine(url)
     try:
         async with engine.begin() as conn:
@@ -87,6 +93,20 @@ async def _chat_ahead(url: str, slow_id: str, fast_id: str) -> None:
                 speed = capacity / window
                 values = {"lease_speed": speed, "speed_samples": [speed], "capacity": capacity}
                 await conn.execute(update(Worker).where(Worker.id == worker_id).values(**values))
+            if fleet:
+                slow = (
+                    (await conn.execute(select(Worker.__table__).where(Worker.id == slow_id)))
+                    .mappings()
+                    .one()
+                )
+                links = (
+                    await conn.execute(select(WorkerModel.model).where(WorkerModel.worker_id == slow_id))
+                ).all()
+                copies = [{**slow, "id": str(uuid.uuid4()), "name": f"slow-{i}", "name_key": f"slow-{i}"}
+                          for i in range(fleet)]  # fmt: skip
+                await conn.execute(insert(Worker.__table__), copies)
+                served = [{"worker_id": c["id"], "model": m} for c in copies for (m,) in links]
+                await conn.execute(insert(WorkerModel.__table__), served)
     finally:
         await engine.dispose()
 
@@ -131,7 +151,7 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                 measured, others = _pop_body(0), _pop_body(1)
                 if case == "models":
                     measured["models"] = [f"bench/Other-{i}" for i in range(MANY_MODELS)]
-                if case == "gate":
+                if case in ("gate", "fleet"):
                     measured["chat"] = others["chat"] = GATE_CHAT
                 await post(POP, owner, measured)  # the measured worker exists, and the other
                 await post(POP, other, others)
@@ -144,8 +164,8 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                 }.get(case, {})
                 for _ in range(ahead):
                     await post(CREATE_PATH, requester, {**CREATE, **refusing})
-                if case == "gate":
-                    await _chat_ahead(url, worker_id, other_id)
+                if case in ("gate", "fleet"):
+                    await _chat_ahead(url, worker_id, other_id, FLEET if case == "fleet" else 0)
                 if case == "running":  # another worker takes every job ahead
                     for _ in range(ahead):
                         assert (await post(POP, other, _pop_body(1)))["id"] is not None
