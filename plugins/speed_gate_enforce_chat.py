@@ -11,6 +11,8 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class EnforceChat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    capable_monotone = True  # see SpeedGate
+
     def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
         return not inputs.is_chat or inputs.max_length <= inputs.capacity
 

@@ -10,6 +10,8 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class GateOff(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    capable_monotone = True  # see SpeedGate
+
     def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
         return True
 

@@ -11,6 +11,8 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class PreferCapable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    capable_monotone = True  # see SpeedGate
+
     def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
         if not inputs.is_chat or inputs.max_length <= inputs.capacity:
             return True

@@ -247,6 +247,7 @@ class QueueEntry(Base):
             "trusted_workers",
             "slow_workers",
             "target",
+            "plain",
         ),
         # A walk's probe: does any entry of a model ask for no more than a worker's longest
         # length (one index lookup; without it, a worker too small for a model's whole queue
@@ -271,6 +272,10 @@ class QueueEntry(Base):
     # A targeted request's entry names one worker of its allow-list ("": any worker, as far as the
     # index can tell): a walk skips other workers' targeted entries inside the index.
     target: Mapped[str] = mapped_column(ID, primary_key=True, server_default="")
+    # The request asks for no chat features or image transports and has no deny-list, no failed
+    # workers and no allow-list the entries do not name: whether a worker can take it then reads
+    # from the entry alone, so a walk can ask the speed gate's question here (queue_index.py).
+    plain: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class Generation(Base):

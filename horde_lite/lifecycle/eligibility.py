@@ -141,6 +141,29 @@ def capable_worker_online(r: RequestRow, rules: Rules) -> ColumnElement[bool]:
     )
 
 
+def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]:
+    """`capable_worker_online` asked of a queue entry `e` (a QueueEntry row or alias): true only
+    for a plain chat entry (see QueueEntry.plain; a chat entry's `need_context` is the prompt and
+    the reply, as the question reads), whose columns carry every rule the question reads, and then
+    exactly when the question of its request is true; false otherwise (not known)."""
+    cw = _CAPABLE_WORKER
+    clauses = [
+        worker_online(cw, rules),
+        not_(cw.maintenance),
+        not_(cw.paused),
+        cw.capacity >= e.need_length,
+        cw.chat_max_completion_tokens.is_not(None),
+        cw.chat_max_completion_tokens >= e.need_length,
+        cw.chat_max_context_tokens >= e.need_context,
+        # Row-local, as `serves_request_models`: read only for the few workers of enough capacity,
+        # where an EXISTS over worker_models became a scan of the model's links per entry.
+        or_(e.model == "", TextArrayHas(cw.models, e.model)),
+        or_(not_(e.trusted_workers), cw.trusted),
+        or_(e.target == "", cw.id == e.target),
+    ]
+    return and_(e.plain, e.is_chat, exists(select(1).select_from(cw).where(*clauses).correlate_except(cw)))
+
+
 def text_wp_speed_gate_clause(
     w: WorkerRow, r: RequestRow, rules: Rules, capable: ColumnElement[bool] | None = None
 ) -> ColumnElement[bool]:

@@ -43,7 +43,15 @@ from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.db.models import QueueEntry, TextRequest, Worker
 from horde_lite.db.sqltypes import JsonList
-from horde_lite.lifecycle.eligibility import Rules, allow_list_admits, fast_enough, serves_models
+from horde_lite.lifecycle.eligibility import (
+    Rules,
+    allow_list_admits,
+    built_once,
+    capable_worker_online_for_entry,
+    fast_enough,
+    serves_models,
+)
+from horde_lite.policies.protocols import GateSql
 
 ANY_MODEL = ""  # the entry of a request that names no model: every worker serves it
 
@@ -82,6 +90,8 @@ class Limits:
     nsfw: bool
     trusted: bool
     fast: bool
+    capacity: int
+    rules: Rules  # the time and settings, and the speed gate in force
 
     @property
     def chat(self) -> bool:
@@ -99,13 +109,16 @@ class Limits:
             worker.nsfw,
             worker.trusted,
             fast_enough(worker.lease_speed, rules),
+            worker.capacity,
+            rules,
         )
 
 
 # The request columns an entry is made of.
 _SOURCE = ("id", "models", "any_model", "effective_start", "created_at", "is_chat", "max_length",
            "max_context_length", "prompt_tokens", "nsfw", "trusted_workers", "slow_workers", "targeted",
-           "worker_allow")  # fmt: skip
+           "worker_allow", "worker_deny", "required_features", "required_transports",
+           "failed_workers")  # fmt: skip
 
 
 def targets(request: Mapping[str, Any], models: int) -> list[str]:
@@ -115,6 +128,10 @@ def targets(request: Mapping[str, Any], models: int) -> list[str]:
     if not allow or models * len(allow) > TARGET_ENTRIES or any(len(w) > TARGET_LENGTH for w in allow):
         return [ANY_WORKER]
     return allow
+
+
+# What makes a request's entries not plain (QueueEntry.plain), besides an allow-list they do not name.
+_NOT_PLAIN = ("required_features", "required_transports", "worker_deny", "failed_workers")
 
 
 def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -136,7 +153,11 @@ def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
         "slow_workers": bool(request.get("slow_workers", True)),
     }
     models = [ANY_MODEL] if request.get("any_model", True) else sorted(set(request["models"]))
-    return [{**common, "model": m, "target": t} for m in models for t in targets(request, len(models))]
+    named = targets(request, len(models))
+    common["plain"] = not any(request.get(c) for c in _NOT_PLAIN) and (
+        not request.get("targeted") or named != [ANY_WORKER]
+    )
+    return [{**common, "model": m, "target": t} for m in models for t in named]
 
 
 async def enter(session: AsyncSession, row: TextRequest) -> None:
@@ -213,13 +234,28 @@ class _Shape:
 _STATEMENTS: dict[_Shape, Select[Any]] = {}
 
 
-def _statement(shape: _Shape) -> Select[Any]:
+def _gated(shape: _Shape, rules: Rules | None) -> bool:
+    """Whether the page's walk applies the speed gate to the entries: a walk by model with the
+    worker's limits, under a gate that allows it (`capable_monotone`, see SpeedGate)."""
+    monotone = rules is not None and getattr(rules.gate, "capable_monotone", False) is True
+    return monotone and shape.models is not None and shape.chat is not None
+
+
+def _statement(shape: _Shape, rules: Rules | None) -> Select[Any]:
     """The page's statement, built once per shape (building and caching a statement of a dozen
-    subqueries cost more than running it). Rows: (request_id, effective_start, created_at) in queue
-    order; a request asking for two of the models may appear twice, side by side."""
+    subqueries cost more than running it), and per speed gate when it applies the gate. Rows:
+    (request_id, effective_start, created_at) in queue order; a request asking for two of the
+    models may appear twice, side by side."""
+    if rules is not None and _gated(shape, rules):
+        return built_once(rules, ("walk", shape), lambda symbolic: _build(shape, symbolic))
     built = _STATEMENTS.get(shape)
-    if built is not None:
-        return built
+    if built is None:
+        built = _STATEMENTS[shape] = _build(shape, None)
+    return built
+
+
+def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
+    """`gated`: the rules (with the time as a bound parameter) whose speed gate the walk applies."""
     size = bindparam("size")
     if shape.models is None:  # the whole queue through its own index
         r = TextRequest
@@ -234,18 +270,27 @@ def _statement(shape: _Shape) -> Select[Any]:
         # through all of it, each row judged by the claim.
         where.append(serves_models(bindparam("worker_models", type_=JsonList), r))
         built = select(r.id.label("request_id"), r.effective_start, r.created_at).where(*where)
-        built = built.order_by(*key).limit(size)
-        _STATEMENTS[shape] = built
-        return built
+        return built.order_by(*key).limit(size)
     e = QueueEntry
     key = (e.effective_start, e.created_at, e.request_id)
     fits: list[ColumnElement[bool]] = [true()]
     if shape.chat is not None:
         fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat)]
         fits += [*_chooses(e.nsfw, e.trusted_workers, e.slow_workers), _targets_worker(e.target)]
+    if gated is not None:
+        # The speed gate, asked of the entry: its capable-worker question answers for plain
+        # entries only (false, "not known", for the rest), which a monotone gate turns into
+        # admitting them; the claim asks the full question.
+        sql = GateSql(
+            is_chat=e.is_chat,
+            max_length=e.need_length,
+            capacity=bindparam("capacity"),
+            capable_worker_online=lambda: capable_worker_online_for_entry(e, gated),
+        )
+        fits.append(gated.gate.text_wp_speed_gate_clause(sql))
 
     def branch(i: int) -> Any:
-        model = bindparam(f"model_{i}")
+        model = bindparam(f"walk_model_{i}")
         query = select(e.request_id, e.effective_start, e.created_at).where(
             e.model == model, *fits, *_after(key, shape.after)
         )
@@ -266,13 +311,11 @@ def _statement(shape: _Shape) -> Select[Any]:
     # SQLite takes ORDER BY/LIMIT only on a whole compound select: each branch is a subquery.
     merged = union_all(*(select(b.c.request_id, b.c.effective_start, b.c.created_at) for b in branches))
     m = merged.subquery("walk")
-    built = (
+    return (
         select(m.c.request_id, m.c.effective_start, m.c.created_at)
         .order_by(m.c.effective_start, m.c.created_at, m.c.request_id)
         .limit(size)
     )
-    _STATEMENTS[shape] = built
-    return built
 
 
 def _values(
@@ -286,9 +329,9 @@ def _values(
     if walked is None:
         values["worker_models"] = sorted(set(models))
     for i, model in enumerate(walked or ()):
-        values[f"model_{i}"] = model
+        values[f"walk_model_{i}"] = model
     if limits is not None:
-        values["worker_id"] = limits.worker_id
+        values.update(worker_id=limits.worker_id, capacity=limits.capacity, now=limits.rules.now)
         values["longest"] = limits.max_length
         values["max_length"] = limits.max_length
         values["max_context_length"] = limits.max_context_length
@@ -327,7 +370,7 @@ async def page(
     conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
     shape = _Shape(None if walked is None else len(walked), chat, after is not None)
     values = _values(models, walked, size, limits, after)
-    rows = (await conn.execute(_statement(shape), values)).all()
+    rows = (await conn.execute(_statement(shape, None if limits is None else limits.rules), values)).all()
     seen: dict[str, Any] = {}
     for row in rows:
         seen.setdefault(row[0], row)

@@ -69,7 +69,8 @@ async def give_back(
     request.failures += 1
     if aborted:
         request.restarts += 1
-    if worker_id not in (request.failed_workers or []):
+    newly_failed = worker_id not in (request.failed_workers or [])
+    if newly_failed:
         request.failed_workers = [*(request.failed_workers or []), worker_id]  # a new list: a change
     if request.state != "waiting":
         await maybe_finish(session, request)
@@ -81,7 +82,9 @@ async def give_back(
         await maybe_finish(session, request)
         return
     request.n_remaining += 1
-    if request.n_remaining == 1:  # it has a job to hand out again, at its old place in the queue
+    # It has a job to hand out again, at its old place in the queue; or its entries, which say
+    # whether it has failed workers (QueueEntry.plain), must say so now.
+    if request.n_remaining == 1 or newly_failed:
         await queue_index.come_back(session, request)
 
 

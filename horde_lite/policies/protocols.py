@@ -46,7 +46,13 @@ class GateSql:
 @runtime_checkable
 class SpeedGate(Protocol):
     """Both halves of one offer rule; the contract test (horde_lite.testing.speed_gate_contract) proves
-    they agree on SQLite and PostgreSQL."""
+    they agree on SQLite and PostgreSQL.
+
+    A gate may set a class attribute `capable_monotone = True` when it admits, with no capable
+    worker online, everything it admits with one (every built-in gate does; the contract test
+    checks it). The pop's walk then applies the gate's clause to the queue's entries with a
+    capable-worker question that may answer "no" where the full one says "yes" (an entry cannot
+    tell every rule), and skips in the index the entries it refuses."""
 
     def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool: ...
 

@@ -32,7 +32,12 @@ What it checks, for every (worker, request) pair of every generated example:
    worker is online for the request (the input `GateSql`/`GateInputs` give the gate);
 2. the gate's SQL clause alone and its Python check alone agree, whatever the other rules say;
 3. the whole pop WHERE clause (`eligibility_clauses`, the gate included, over a join of the worker
-   and request rows) and `is_eligible` agree.
+   and request rows) and `is_eligible` agree;
+4. the capable-worker question asked of the queue's entries (the pop's walk asks it there) never
+   says yes where the request's says no, and for a plain chat request says yes on one of its
+   entries exactly when the request's does;
+5. a gate that sets `capable_monotone` admits, with no capable worker online, everything it
+   admits with one.
 The generated fleets cover online and offline workers (at the 300 s boundary), maintenance and
 paused workers, measured and unmeasured speeds (capacities at and around request sizes), chat and
 legacy workers with every subset of features and image transports, and chat and legacy requests
@@ -59,6 +64,7 @@ from horde_lite.lifecycle.eligibility import (
     Rules,
     WorkerFacts,
     capable_worker_online,
+    capable_worker_online_for_entry,
     eligibility_clauses,
     is_capable,
     is_eligible,
@@ -223,7 +229,12 @@ def seed_examples(settings: Settings | None = None) -> list[Example]:
     sees = replace(capable, chat_features=frozenset({"vision"}), chat_image_transports=frozenset({"url"}))
     sees_base64 = replace(sees, id="w2", chat_image_transports=frozenset({"base64"}))
     slow_sees = replace(slow, chat_features=sees.chat_features, chat_image_transports=frozenset({"url"}))
-    queue = (("r0", chat), ("r1", legacy))
+    # A plain chat request (no features): the walk asks its capable question of its entries.
+    plain = replace(chat, required_features=frozenset())
+    queue = (("r0", chat), ("r1", legacy), ("r2", plain))
+    narrow = replace(no_tools, chat_max_context_tokens=100)  # too small a context for `plain`
+    elsewhere = replace(no_tools, models=frozenset({"model-b"}))
+    aimed = replace(plain, worker_allow=frozenset({"w0"}))  # targets the slow worker alone
     return [
         Example(workers=(slow, capable), requests=queue),
         Example(workers=(slow, offline), requests=queue),
@@ -235,6 +246,27 @@ def seed_examples(settings: Settings | None = None) -> list[Example]:
         Example(workers=(slow_sees, sees, sees_base64), requests=(("r0", vision),)),
         # The capable worker failed the chat request: it neither takes it nor counts as capable.
         Example(workers=(slow, capable), requests=(("r0", replace(chat, failed_workers=frozenset({"w1"}))),)),
+        Example(workers=(slow, narrow), requests=queue),
+        # Failed by, or denying, the only capable worker: not plain, so its entries do not say yes.
+        Example(
+            workers=(slow, no_tools),
+            requests=(
+                ("r0", replace(plain, failed_workers=frozenset({"w1"}))),
+                ("r1", replace(plain, worker_deny=frozenset({"w1"}))),
+            ),
+        ),
+        # Capable for another model only: a request for that model, and the plain one that is not.
+        Example(
+            workers=(slow, elsewhere),
+            requests=(*queue, ("r3", replace(plain, models=frozenset({"model-b"})))),
+        ),
+        Example(
+            workers=(slow, no_tools), requests=(("r0", aimed), ("r1", replace(plain, trusted_workers=True)))
+        ),
+        Example(
+            workers=(slow, replace(no_tools, trusted=True)),
+            requests=(("r0", replace(plain, trusted_workers=True)),),
+        ),
     ]
 
 
@@ -360,6 +392,14 @@ def _describe(example: Example, wid: str | None, rid: str, what: str, sql: bool,
     return "\n".join(line for line in lines if line)
 
 
+def python_gate_monotone(gate: SpeedGate, inputs: GateInputs) -> bool:
+    """With no capable worker online the gate admits at least what it admits with one."""
+    admits = gate.can_generate_with_eligibility_inputs
+    return not admits(replace(inputs, capable_worker_online=True)) or bool(
+        admits(replace(inputs, capable_worker_online=False))
+    )
+
+
 async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, rules: Rules) -> None:
     """Write one example in a transaction, compare every pair, roll back. Raises AssertionError."""
     example = Example(
@@ -414,6 +454,30 @@ async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, 
                     sql = (w.id, rid) in sql_eligible
                     if sql != python:
                         raise AssertionError(_describe(example, w.id, rid, "eligible", sql, python))
+                    # 5. A gate that lets the walk apply it admits more with no capable worker.
+                    if getattr(gate, "capable_monotone", False) is True and not python_gate_monotone(
+                        gate, inputs
+                    ):
+                        raise AssertionError(_describe(example, w.id, rid, "capable_monotone", False, True))
+
+            # 4. The capable-worker question asked of the queue's entries (the walk's): never yes
+            # where the request's is no, and, for a plain chat request, yes on one of its entries
+            # exactly when the request's is.
+            e = QueueEntry
+            asked = capable_worker_online_for_entry(e, rules)
+            rows = await conn.execute(select(e.request_id, e.plain, asked))
+            said: dict[str, list[tuple[bool, bool]]] = {}
+            for rid, plain, capable in rows.all():
+                said.setdefault(rid, []).append((bool(plain), bool(capable)))
+            for rid, r in requests.items():
+                python = any(is_capable(c, r, rules) for c in fleet)
+                entries = said.get(rid, [])
+                sql = any(capable for _, capable in entries)
+                exact = r.is_chat and entries and all(p for p, _ in entries)
+                if (sql and not python) or (exact and sql != python):
+                    raise AssertionError(
+                        _describe(example, None, rid, "a capable worker is online (its entries)", sql, python)
+                    )
         finally:
             await transaction.rollback()
 

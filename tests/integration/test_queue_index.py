@@ -394,3 +394,36 @@ async def test_later_pages_share_one_claim_statement(client: HordeClient) -> Non
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert (request_id, len(claims)) == (wanted, 3)
     assert claims[1] == claims[2]
+
+
+async def test_the_walk_skips_chat_requests_the_speed_gate_refuses(client: HordeClient) -> None:
+    """More than a page of chat requests ahead longer than a slow worker can finish inside a lease,
+    while a worker that can is online: the walk asks the speed gate of their entries and skips them
+    in the index, so the slow worker's pop judges one page and takes the request behind them. A
+    request whose entries cannot answer (a deny-list) is judged by the claim, and refused there;
+    the fast worker takes the requests the gate kept from the slow one."""
+    key = await client.user("owner")
+    chat_limits = {"chat": {"max_completion_tokens": 4096, "max_context_tokens": 8192}}
+    for name in ("slow", "fast"):
+        assert (await client.pop(key, name, models=["g-7B"], **chat_limits)).json()["id"] is None
+    await client.set_worker_speed("slow", 1.0)  # capacity: far under 512 tokens
+    await client.set_worker_speed("fast", 100.0)
+
+    async def chat(max_tokens: int, **body: Any) -> str:
+        asked = {"messages": [{"role": "user", "content": "Hello there."}], "max_tokens": max_tokens}
+        response = await client.create(ANON, models=["g-7B"], chat=asked, **body)
+        assert response.status_code == 202, response.text
+        return str(response.json()["id"])
+
+    ahead = [await chat(512) for _ in range(dispatch.POP_PAGE + 2)]
+    judged = await chat(512, worker_blacklist=["nobody"])
+    client.clock.advance(1)
+    wanted = await chat(16)
+    [(plain,)] = await _rows(client, "SELECT count(*) FROM queue_entries WHERE plain")
+    assert plain == len(ahead) + 1  # all but the deny-listed one
+    job, claims = await _claims_of(client, key, "slow", models=["g-7B"], **chat_limits)
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert (request_id, claims) == (wanted, 1)
+    job = (await client.pop(key, "fast", models=["g-7B"], **chat_limits)).json()
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    assert request_id in [*ahead, judged]

@@ -92,11 +92,17 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                     TextRequest.models,
                     TextRequest.targeted,
                     TextRequest.worker_allow,
+                    TextRequest.worker_deny,
+                    TextRequest.required_features,
+                    TextRequest.required_transports,
+                    TextRequest.failed_workers,
                 )
             )
         ).all()
         entries = (
-            await conn.execute(select(QueueEntry.request_id, QueueEntry.model, QueueEntry.target))
+            await conn.execute(
+                select(QueueEntry.request_id, QueueEntry.model, QueueEntry.target, QueueEntry.plain)
+            )
         ).all()
         generations = (
             await conn.execute(
@@ -126,16 +132,18 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
 
     # --- the queue's index: the models (or "" for any) of a waiting request with a job to hand out,
     # each with the workers a short allow-list names (or "" for any), nothing else ---------------
-    indexed: dict[str, set[tuple[str, str]]] = defaultdict(set)
+    indexed: dict[str, set[tuple[str, str, bool]]] = defaultdict(set)
     for e in entries:
-        indexed[e.request_id].add((e.model, e.target))
+        indexed[e.request_id].add((e.model, e.target, bool(e.plain)))
     for r in requests:
         offered = r.state == "waiting" and r.n_remaining > 0
         allow = set(r.worker_allow) if r.targeted else set()
         models = {""} if r.any_model else set(r.models)
         few = 0 < len(allow) * len(models) <= TARGET_ENTRIES and all(len(w) <= TARGET_LENGTH for w in allow)
         named = allow if few else {""}
-        want = {(m, w) for m in models for w in named} if offered else set()
+        lists = (r.worker_deny, r.required_features, r.required_transports, r.failed_workers)
+        plain = not any(lists) and (not r.targeted or few)
+        want = {(m, w, plain) for m in models for w in named} if offered else set()
         if indexed.pop(r.id, set()) != want:
             bad(
                 "queue index == requests with a job to hand out",

@@ -111,3 +111,36 @@ def test_a_short_allow_lists_workers_are_named_and_unnamed(db_url: str) -> None:
         assert asyncio.run(_sql(db_url, sql)) == named
     finally:
         migrate.upgrade(db_url)
+
+
+async def _seed_plain(url: str) -> None:
+    crowd = [f"{i:036d}" for i in range(17)]
+    lists = {"targeted": False, "worker_allow": [], "failed_workers": []}  # every row the same keys
+    requests = [
+        {**_request("bare", left=1, models=["m1"]), **lists, "is_chat": True},
+        {**_request("failed", left=1, models=["m1"]), **lists, "failed_workers": ["w9"]},
+        {**_request("crowd", left=1, models=["m1"]), **lists, "targeted": True, "worker_allow": crowd},
+    ]
+    engine = make_engine(url, null_pool=True)
+    try:
+        async with engine.begin() as conn:
+            await conn.execute(insert(User.__table__), _USER)
+            await conn.execute(insert(TextRequest.__table__), requests)
+            await conn.execute(insert(QueueEntry.__table__), [e for r in requests for e in entry_rows(r)])
+    finally:
+        await engine.dispose()
+
+
+def test_entries_say_whether_their_request_is_plain(db_url: str) -> None:
+    """0016: an existing horde's entries are plain when their request has no lists to judge and no
+    allow-list they do not name (going back drops the column)."""
+    sql = "SELECT request_id, plain FROM queue_entries ORDER BY 1"
+    want = [("bare", True), ("crowd", False), ("failed", False)]
+    try:
+        asyncio.run(_seed_plain(db_url))
+        assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, sql))] == want
+        _commands(db_url).downgrade("0015_workers_capacity")
+        migrate.upgrade(db_url)
+        assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, sql))] == want
+    finally:
+        migrate.upgrade(db_url)
