@@ -154,21 +154,27 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, c
     assert request_id == wanted
 
 
-async def test_pages_past_refused_requests_grow(client: HordeClient) -> None:
-    """Behind more than two pages' worth of requests the claim refuses (a deny-list), the walk's
-    pages double (32, then 64): the pop judges two pages, not three, and takes the request behind.
-    (Two requesters: one would pass the per-minute limit of creations.)"""
+async def _behind_denied(client: HordeClient, model: str, count: int) -> tuple[str, str]:
+    """`count` requests for `model` whose deny-list names the worker "denied" (a rule the index
+    cannot see), then one it may take: its owner's key and that request's id. (Several requesters:
+    one would pass the per-minute limit of creations.)"""
     key = await client.user("owner")
-    assert (await client.pop(key, "denied", models=["q-7B"])).json()["id"] is None
+    assert (await client.pop(key, "denied", models=[model])).json()["id"] is None
     [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
-    rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(2)]
-    for i in range(2 * dispatch.POP_PAGE + 3):
+    rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(4)]
+    for i in range(count):
         response = await client.create(
-            rich[i % 2], models=["q-7B"], worker_blacklist=[denied], params={"max_length": 16}
+            rich[i % 4], models=[model], worker_blacklist=[denied], params={"max_length": 16}
         )
         assert response.status_code == 202, response.text
     client.clock.advance(1)
-    wanted = (await client.create(ANON, models=["q-7B"], params={"max_length": 16})).json()["id"]
+    return key, (await client.create(ANON, models=[model], params={"max_length": 16})).json()["id"]
+
+
+async def test_pages_past_refused_requests_grow(client: HordeClient) -> None:
+    """Behind more than two pages' worth of requests the claim refuses (a deny-list), the walk's
+    pages double (32, then 64): the pop judges two pages, not three, and takes the request behind."""
+    key, wanted = await _behind_denied(client, "q-7B", 2 * dispatch.POP_PAGE + 3)
     job, claims = await _claims_of(client, key, "denied", models=["q-7B"])
     [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
     assert (request_id, claims) == (wanted, 2)
@@ -377,17 +383,7 @@ async def test_later_pages_share_one_claim_statement(client: HordeClient) -> Non
     """Behind three pages' worth of denied requests the pop judges pages of 32, 64 and 128 (the
     last one partly filled): the two later claims send one statement text, their ids bound as one
     list, whatever their lengths (one prepared statement per connection, not one per length)."""
-    key = await client.user("owner")
-    assert (await client.pop(key, "denied", models=["p-7B"])).json()["id"] is None
-    [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
-    rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(4)]
-    for i in range(3 * dispatch.POP_PAGE + 3):
-        response = await client.create(
-            rich[i % 4], models=["p-7B"], worker_blacklist=[denied], params={"max_length": 16}
-        )
-        assert response.status_code == 202, response.text
-    client.clock.advance(1)
-    wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
+    key, wanted = await _behind_denied(client, "p-7B", 3 * dispatch.POP_PAGE + 3)
     with statements_sent(client.horde.engine) as sent:
         job = (await client.pop(key, "denied", models=["p-7B"])).json()
     claims = [s.statement for s in sent if "AS claimed" in s.statement]

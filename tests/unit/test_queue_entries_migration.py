@@ -82,12 +82,8 @@ def test_entries_of_requests_with_every_job_out_go_and_come_back(db_url: str) ->
         migrate.upgrade(db_url)  # leave the shared database at the head for the other tests
 
 
-async def _seed_targeted(url: str) -> None:
-    crowd = [f"{i:036d}" for i in range(17)]
-    requests = [
-        {**_request("aimed", left=1, models=["m1", "m2"]), "targeted": True, "worker_allow": ["w2", "w1"]},
-        {**_request("crowd", left=1, models=["m1"]), "targeted": True, "worker_allow": crowd},
-    ]
+async def _at_head(url: str, requests: list[dict[str, object]]) -> None:
+    """Waiting requests (every row with the same keys) and their entries, written at the head."""
     engine = make_engine(url, null_pool=True)
     try:
         async with engine.begin() as conn:
@@ -96,6 +92,15 @@ async def _seed_targeted(url: str) -> None:
             await conn.execute(insert(QueueEntry.__table__), [e for r in requests for e in entry_rows(r)])
     finally:
         await engine.dispose()
+
+
+async def _seed_targeted(url: str) -> None:
+    crowd = [f"{i:036d}" for i in range(17)]
+    requests = [
+        {**_request("aimed", left=1, models=["m1", "m2"]), "targeted": True, "worker_allow": ["w2", "w1"]},
+        {**_request("crowd", left=1, models=["m1"]), "targeted": True, "worker_allow": crowd},
+    ]
+    await _at_head(url, requests)
 
 
 def test_a_short_allow_lists_workers_are_named_and_unnamed(db_url: str) -> None:
@@ -121,14 +126,7 @@ async def _seed_plain(url: str) -> None:
         {**_request("failed", left=1, models=["m1"]), **lists, "failed_workers": ["w9"]},
         {**_request("crowd", left=1, models=["m1"]), **lists, "targeted": True, "worker_allow": crowd},
     ]
-    engine = make_engine(url, null_pool=True)
-    try:
-        async with engine.begin() as conn:
-            await conn.execute(insert(User.__table__), _USER)
-            await conn.execute(insert(TextRequest.__table__), requests)
-            await conn.execute(insert(QueueEntry.__table__), [e for r in requests for e in entry_rows(r)])
-    finally:
-        await engine.dispose()
+    await _at_head(url, requests)
 
 
 def test_entries_say_whether_their_request_is_plain(db_url: str) -> None:
