@@ -7,12 +7,13 @@ makes writers queue instead of failing. PostgreSQL claims rows with FOR UPDATE S
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, async_sessionmaker, create_async_engine
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionmaker, create_async_engine
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession  # re-export for the layers above
 from sqlalchemy.pool import NullPool
 
@@ -29,10 +30,31 @@ POOL = {"sqlite": (15, 0), "postgresql": (20, 10)}
 READ_ONLY = "horde_lite_read_only"
 
 
+# Set only while `connect_to_read` checks a connection out (see `_check_at_checkout`).
+_CHECKOUT_TO_READ: ContextVar[bool] = ContextVar("horde_lite_checkout_to_read", default=False)
+
+
 def reading_options(engine: AsyncEngine) -> dict[str, Any]:
     if engine.dialect.name == "sqlite":
         return {READ_ONLY: True}
     return {READ_ONLY: True, "isolation_level": "AUTOCOMMIT"}
+
+
+async def connect_to_read(engine: AsyncEngine) -> AsyncConnection:
+    """A connection that reads outside any transaction (`Horde.reading`). Its checkout pings
+    instead of beginning: a transaction begun there would be rolled back when the connection turns
+    to autocommit, a round trip for nothing. The caller closes it."""
+    token = _CHECKOUT_TO_READ.set(True)
+    try:
+        conn = await engine.connect().start()
+    finally:
+        _CHECKOUT_TO_READ.reset(token)  # a transaction opened while reading begins at its checkout
+    try:
+        await conn.execution_options(**reading_options(engine))
+    except BaseException:
+        await conn.close()
+        raise
+    return conn
 
 
 def is_sqlite(url: str) -> bool:
@@ -83,17 +105,22 @@ def make_engine(
     if is_sqlite(url):
         _sqlite_pragmas(engine, begin_immediate=not reader)
     elif engine.dialect.driver == "asyncpg":
-        engine.dialect.do_ping = _ping_once  # type: ignore[method-assign]
+        engine.dialect.do_ping = _check_at_checkout  # type: ignore[method-assign]
     return engine
 
 
-def _ping_once(dbapi_connection: Any) -> bool:
-    """The pool's check of a connection before use, in one round trip. SQLAlchemy's asyncpg ping
-    wraps it in a transaction of its own (for pgbouncer's transaction mode, which horde_lite's
-    prepared statements rule out anyway): three round trips at every checkout. A failure is raised
-    as the adapter's own ping raises it, so the pool still sees a lost connection and replaces it.
-    The driver's own view is not enough: between the server's termination message and the socket's
+def _check_at_checkout(dbapi_connection: Any) -> bool:
+    """The pool's check of a connection before use (`pool_pre_ping`), in the round trip the
+    connection's user sends first anyway: a transaction's BEGIN (decision 0058), or `;` for a read
+    outside any transaction. SQLAlchemy's own asyncpg ping sends BEGIN, `;` and ROLLBACK, for
+    pgbouncer's transaction mode (which horde_lite's prepared statements rule out anyway). A failure
+    is raised as the adapter raises it, so the pool sees a lost connection and replaces it. The
+    driver's own view is not enough: between the server's termination message and the socket's
     close asyncpg calls a connection neither closed nor usable (decision 0045)."""
+    if not (dbapi_connection.autocommit or dbapi_connection._started or _CHECKOUT_TO_READ.get()):
+        # The adapter's lazy BEGIN, sent now: its first statement finds the transaction started.
+        dbapi_connection.await_(dbapi_connection._start_transaction())
+        return True
     try:
         dbapi_connection.await_(dbapi_connection.driver_connection.fetchrow(";"))
     except Exception as error:

@@ -12,7 +12,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
-from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, reading_options
+from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.mirror import QueueMirror
@@ -63,10 +63,12 @@ class Horde:
         of its own. No BEGIN or COMMIT round trip on PostgreSQL, and on SQLite neither the write
         lock nor this process's turn. Nothing is ever written through it (on PostgreSQL it would
         commit at once): a reader that finds it must write goes on in `transaction()`."""
-        async with self.engine.connect() as conn:
-            await conn.execution_options(**reading_options(self.engine))
+        conn = await connect_to_read(self.engine)
+        try:
             async with self.sessionmaker(bind=conn) as session:
                 yield session
+        finally:
+            await asyncio.shield(conn.close())  # as `async with engine.connect()` closes it
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         """Run `work` in a task of its own (lifecycle/tasks.py): a cancelled caller cannot cut its

@@ -1,15 +1,22 @@
-"""The PostgreSQL pool's check of a connection before use: a live connection is handed out with no
-round trip; one the server closed is replaced before any statement can fail on it."""
+"""The PostgreSQL pool's check of a connection before use: one the server closed is replaced before
+any statement can fail on it, and the check costs a transaction no round trip of its own (its BEGIN
+is the check)."""
 
 from __future__ import annotations
 
+import asyncio
+from typing import Any
+
 import asyncpg
 import pytest
-from sqlalchemy import text
+from litestar.testing import AsyncTestClient
+from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 
+from horde_lite.app import create_app
 from horde_lite.db.engine import make_engine, reading_options
-from tests.conftest import is_postgres
+from horde_lite.lifecycle.context import Horde
+from tests.conftest import is_postgres, make_settings
 
 
 @pytest.mark.postgres_only
@@ -60,3 +67,46 @@ async def test_a_connection_that_read_outside_a_transaction_returns_to_the_pool_
         async with engine.begin() as conn:
             await conn.execute(text("DROP TABLE IF EXISTS pool_probe"))
         await engine.dispose()
+
+
+@pytest.mark.postgres_only
+async def test_a_transactions_begin_is_the_pools_check_and_a_read_pings(db_url: str) -> None:
+    """What each checkout of a pooled connection sends, as asyncpg logs it: a transaction's BEGIN
+    is the check (no ping before it), a read outside any transaction pings and never begins, and a
+    transaction opened while reading begins at its own checkout."""
+    if not is_postgres(db_url):
+        pytest.skip("PostgreSQL only: the pool's check of asyncpg connections")
+    app = create_app(make_settings(db_url, database={"null_pool": False}), run_sweeper=False)  # pooled
+    async with AsyncTestClient(app=app):
+        await _what_checkouts_send(app.state.horde)
+
+
+async def _what_checkouts_send(horde: Horde) -> None:
+    sent: list[str] = []
+
+    def log(query: asyncpg.connection.LoggedQuery) -> None:
+        sent.append(query.query.strip().rstrip(";").split(" ISOLATION")[0].upper())
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(log)
+
+    await horde.engine.dispose()  # every connection from here on logs what it sends
+    event.listen(horde.engine.sync_engine, "connect", on_connect)
+    async with horde.transaction() as first, horde.transaction() as second:  # two new connections,
+        await first.execute(text("SELECT 0"))  # used at once: not checked
+        await second.execute(text("SELECT 0"))
+    await asyncio.sleep(0)
+    sent.clear()
+
+    # asyncpg logs what it sends outside prepared statements: BEGIN, COMMIT and the ping (`;`).
+    async with horde.transaction() as session:
+        await session.execute(text("SELECT 1"))
+    await asyncio.sleep(0)  # asyncpg calls its query loggers soon, not at once
+    assert sent == ["BEGIN", "COMMIT"]
+    sent.clear()
+    async with horde.reading() as session:
+        await session.execute(text("SELECT 2"))
+        async with horde.transaction() as inner:  # the pool's other connection
+            await inner.execute(text("SELECT 3"))
+    await asyncio.sleep(0)
+    assert sent == ["", "BEGIN", "COMMIT"]  # the read's ping, then the inner transaction's BEGIN
