@@ -95,20 +95,23 @@ async def run(
                 servers.append(Server(len(servers), free_port(), tmp / name, env))
             await asyncio.gather(*(s.start() for s in servers))
 
-            async def both(secs: float) -> tuple[CycleResult, ...]:
-                pairs = zip(servers, keys, strict=True)
-                return tuple(await asyncio.gather(*(_measure([s], k, workers, secs, db, "ab") for s, k in pairs)))
+            async def both(secs: float, flip: bool = False) -> tuple[CycleResult, ...]:
+                # Which server's workers start first alternates, so that neither gets a head start.
+                pairs = list(zip(servers, keys, strict=True))[:: -1 if flip else 1]
+                done = await asyncio.gather(*(_measure([s], k, workers, secs, db, "ab") for s, k in pairs))
+                return tuple(done[:: -1 if flip else 1])
 
             await both(3.0)  # warm-up: connections, prepared statements, the queue copy
             cpu: dict[str, list[float]] = {"a": [], "b": []}
             for i in range(rounds):
-                a, b = await both(seconds)
+                a, b = await both(seconds, flip=i % 2 == 1)
                 for name, r in (("a", a), ("b", b)):
                     if r.server_cpu_ms_per_cycle is not None:
                         cpu[name].append(r.server_cpu_ms_per_cycle)
-                print(f"round {i + 1}: A ({rev}) {a.per_second:.1f}/s {a.server_cpu_ms_per_cycle or 0:.2f} ms,"
-                      f" B (checkout) {b.per_second:.1f}/s {b.server_cpu_ms_per_cycle or 0:.2f} ms,"
-                      f" errors {a.errors} / {b.errors}", flush=True)  # fmt: skip
+                a_ms, b_ms = a.server_cpu_ms_per_cycle or 0.0, b.server_cpu_ms_per_cycle or 0.0
+                print(f"round {i + 1}: A ({rev}) {a.per_second:.1f}/s {a_ms:.2f} ms,"
+                      f" B (checkout) {b.per_second:.1f}/s {b_ms:.2f} ms, errors {a.errors} / {b.errors}",
+                      flush=True)  # fmt: skip
         finally:
             for s in servers:
                 s.stop()
