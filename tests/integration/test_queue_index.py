@@ -20,6 +20,12 @@ async def _rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
         return list((await session.execute(text(sql), params)).all())
 
 
+async def _request_of(client: HordeClient, job: dict[str, Any]) -> str:
+    """The request a popped job (a pop's answer) came from; fails when the pop handed out none."""
+    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    return str(request_id)
+
+
 async def _entries(client: HordeClient, request_id: str) -> list[tuple[str, int, int, bool]]:
     rows = await _rows(
         client,
@@ -96,7 +102,7 @@ async def test_a_request_with_every_job_out_leaves_until_one_comes_back(client: 
     taken = []
     for i in (3, 4, 5):
         job = (await client.pop(keys[i], f"w{i}", models=["g-7B"])).json()
-        [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+        request_id = await _request_of(client, job)
         taken.append(request_id)
     assert taken == [twice, once, later]
 
@@ -150,7 +156,7 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, c
     wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
     job = (await client.pop(key, "denied", models=["p-7B"], **declared)).json()
     assert job["id"] is not None
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert request_id == wanted
 
 
@@ -176,7 +182,7 @@ async def test_pages_past_refused_requests_grow(client: HordeClient) -> None:
     pages double (32, then 64): the pop judges two pages, not three, and takes the request behind."""
     key, wanted = await _behind_denied(client, "q-7B", 2 * dispatch.POP_PAGE + 3)
     job, claims = await _claims_of(client, key, "denied", models=["q-7B"])
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 2)
 
 
@@ -199,7 +205,7 @@ async def test_the_owners_request_behind_a_page_of_others_goes_first(client: Hor
     taken = []
     for _ in range(3):
         job = (await client.pop(key, "w", models=["o-7B"], priority_usernames=["friend"])).json()
-        [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+        request_id = await _request_of(client, job)
         taken.append(request_id)
     assert taken == [theirs, own, head]
 
@@ -242,7 +248,7 @@ async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> No
     client.clock.advance(1)
     small = (await client.create(ANON, models=["l-7B"], params={"max_length": 64})).json()["id"]
     job = (await client.pop(key, "small", models=["l-7B"], max_length=128, max_context_length=2048)).json()
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert request_id == small
     assert (await client.pop(key, "small", models=["l-7B"], max_length=128)).json()["id"] is None
 
@@ -279,10 +285,10 @@ async def test_the_walk_skips_requests_whose_choices_refuse_the_worker(
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["c-7B"], params={"max_length": 16})).json()["id"]
     job, claims = await _claims_of(client, key, "w", models=models)
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 1)
     job = (await client.pop(trusted, "ok", models=["c-7B"], nsfw=True)).json()
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert request_id in ahead
 
 
@@ -300,7 +306,7 @@ async def test_a_pop_does_not_page_past_jobs_being_generated(client: HordeClient
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["h-7B"], params={"max_length": 16})).json()["id"]
     job, claims = await _claims_of(client, key, "w", models=models)
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 1)
 
 
@@ -331,8 +337,7 @@ async def test_a_targeted_requests_entries_name_its_workers(client: HordeClient)
     taken = []
     for name in ("a", "b", "b", "a"):
         job = (await client.pop(key, name, models=["t-7B"])).json()
-        taken.append(job["id"] and (await _rows(client, "SELECT request_id FROM generations WHERE id = :g",
-                                                g=job["id"]))[0][0])  # fmt: skip
+        taken.append(job["id"] and await _request_of(client, job))
     assert taken == [both, denied, crowd, None]
     assert await _rows(client, "SELECT count(*) FROM queue_entries") == [(0,)]
 
@@ -355,10 +360,10 @@ async def test_the_walk_skips_requests_targeted_at_other_workers(client: HordeCl
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["v-7B"], params={"max_length": 16})).json()["id"]
     job, claims = await _claims_of(client, key, "w", models=models)
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 1)
     job = (await client.pop(key, "mine", models=["v-7B"])).json()
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert request_id in ahead
 
 
@@ -375,7 +380,7 @@ async def test_a_worker_of_many_models_skips_requests_for_others(client: HordeCl
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=[models[-1]], params={"max_length": 16})).json()["id"]
     job, claims = await _claims_of(client, key, "w", models=models)
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 1)
 
 
@@ -387,7 +392,7 @@ async def test_later_pages_share_one_claim_statement(client: HordeClient) -> Non
     with statements_sent(client.horde.engine) as sent:
         job = (await client.pop(key, "denied", models=["p-7B"])).json()
     claims = [s.statement for s in sent if "AS claimed" in s.statement]
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, len(claims)) == (wanted, 3)
     assert claims[1] == claims[2]
 
@@ -418,8 +423,8 @@ async def test_the_walk_skips_chat_requests_the_speed_gate_refuses(client: Horde
     [(plain,)] = await _rows(client, "SELECT count(*) FROM queue_entries WHERE plain")
     assert plain == len(ahead) + 1  # all but the deny-listed one
     job, claims = await _claims_of(client, key, "slow", models=["g-7B"], **chat_limits)
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 1)
     job = (await client.pop(key, "fast", models=["g-7B"], **chat_limits)).json()
-    [(request_id,)] = await _rows(client, "SELECT request_id FROM generations WHERE id = :g", g=job["id"])
+    request_id = await _request_of(client, job)
     assert request_id in [*ahead, judged]
