@@ -7,6 +7,9 @@ makes writers queue instead of failing. PostgreSQL claims rows with FOR UPDATE S
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
@@ -34,27 +37,28 @@ READ_ONLY = "horde_lite_read_only"
 _CHECKOUT_TO_READ: ContextVar[bool] = ContextVar("horde_lite_checkout_to_read", default=False)
 
 
-def reading_options(engine: AsyncEngine) -> dict[str, Any]:
+def _reading_options(engine: AsyncEngine) -> dict[str, Any]:
     if engine.dialect.name == "sqlite":
         return {READ_ONLY: True}
     return {READ_ONLY: True, "isolation_level": "AUTOCOMMIT"}
 
 
-async def connect_to_read(engine: AsyncEngine) -> AsyncConnection:
-    """A connection that reads outside any transaction (`Horde.reading`). Its checkout pings
-    instead of beginning: a transaction begun there would be rolled back when the connection turns
-    to autocommit, a round trip for nothing. The caller closes it."""
+@asynccontextmanager
+async def connect_to_read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+    """A connection that reads outside any transaction (`Horde.reading`), closed when the block
+    ends. Its checkout pings instead of beginning: a transaction begun there would be rolled back
+    when the connection turns to autocommit, a round trip for nothing."""
+    conn = engine.connect()
     token = _CHECKOUT_TO_READ.set(True)
     try:
-        conn = await engine.connect().start()
+        await conn.start()
     finally:
         _CHECKOUT_TO_READ.reset(token)  # a transaction opened while reading begins at its checkout
     try:
-        await conn.execution_options(**reading_options(engine))
-    except BaseException:
-        await conn.close()
-        raise
-    return conn
+        await conn.execution_options(**_reading_options(engine))
+        yield conn
+    finally:
+        await asyncio.shield(conn.close())  # as `async with engine.connect()` closes it
 
 
 def is_sqlite(url: str) -> bool:

@@ -63,12 +63,8 @@ class Horde:
         of its own. No BEGIN or COMMIT round trip on PostgreSQL, and on SQLite neither the write
         lock nor this process's turn. Nothing is ever written through it (on PostgreSQL it would
         commit at once): a reader that finds it must write goes on in `transaction()`."""
-        conn = await connect_to_read(self.engine)
-        try:
-            async with self.sessionmaker(bind=conn) as session:
-                yield session
-        finally:
-            await asyncio.shield(conn.close())  # as `async with engine.connect()` closes it
+        async with connect_to_read(self.engine) as conn, self.sessionmaker(bind=conn) as session:
+            yield session
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         """Run `work` in a task of its own (lifecycle/tasks.py): a cancelled caller cannot cut its

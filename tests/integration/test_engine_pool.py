@@ -14,7 +14,7 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 
 from horde_lite.app import create_app
-from horde_lite.db.engine import make_engine, reading_options
+from horde_lite.db.engine import connect_to_read, make_engine
 from horde_lite.lifecycle.context import Horde
 from tests.conftest import is_postgres, make_settings
 
@@ -52,8 +52,7 @@ async def test_a_connection_that_read_outside_a_transaction_returns_to_the_pool_
     try:
         async with engine.begin() as conn:
             await conn.execute(text("CREATE TABLE pool_probe (n INTEGER)"))
-        async with engine.connect() as conn:
-            await conn.execution_options(**reading_options(engine))
+        async with connect_to_read(engine) as conn:  # as `Horde.reading` reads
             first = (await conn.get_raw_connection()).driver_connection
             assert await conn.scalar(text("SELECT count(*) FROM pool_probe")) == 0
         async with engine.connect() as conn:
