@@ -19,7 +19,9 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
   since a chat request made through `/v1` holds its connection until it is served;
 - `fleet`: as `gate`, with FLEET more slow chat workers online beside the popping one, as on a
   horde with a few fast workers among many slow ones (the speed gate asks, for each request it
-  refuses, whether a worker that can is online).
+  refuses, whether a worker that can is online);
+- `gate-models`: as `gate`, and the popping worker serves 8 models, the requests' among them (so
+  its walk reads the whole queue's order, as in `models`).
 
 Before the measured pops the database's planner statistics are brought up to date (`VACUUM
 ANALYZE`, SQLite's `ANALYZE`), as autovacuum keeps them on a horde that has run a while: without,
@@ -49,7 +51,7 @@ from horde_lite.db.models import QueueEntry, TextRequest, Worker, WorkerModel
 from horde_lite.lifecycle.queue_index import MANY_MODELS
 from horde_lite.settings import Settings
 
-CASES = ("running", "nsfw", "deny", "target", "models", "gate", "fleet")
+CASES = ("running", "nsfw", "deny", "target", "models", "gate", "fleet", "gate-models")
 POP = "/api/v2/generate/text/pop"
 CREATE_PATH = "/api/v2/generate/text/async"
 
@@ -71,6 +73,7 @@ async def _database(db: str, pg_url: str, work: Path) -> str:
 GATE_CHAT = {"max_completion_tokens": 2048, "max_context_tokens": 8192}
 GATE_LENGTH, GATE_SLOW, GATE_FAST = 512, 100, 10_000
 FLEET = 200  # the `fleet` case's other slow workers
+GATED = ("gate", "fleet", "gate-models")  # the cases of chat requests the speed gate refuses
 
 
 async def _chat_ahead(url: str, slow_id: str, fast_id: str, fleet: int) -> None:
@@ -151,7 +154,9 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                 measured, others = _pop_body(0), _pop_body(1)
                 if case == "models":
                     measured["models"] = [f"bench/Other-{i}" for i in range(MANY_MODELS)]
-                if case in ("gate", "fleet"):
+                if case == "gate-models":
+                    measured["models"] += [f"bench/Other-{i}" for i in range(MANY_MODELS - 1)]
+                if case in GATED:
                     measured["chat"] = others["chat"] = GATE_CHAT
                 await post(POP, owner, measured)  # the measured worker exists, and the other
                 await post(POP, other, others)
@@ -164,7 +169,7 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                 }.get(case, {})
                 for _ in range(ahead):
                     await post(CREATE_PATH, requester, {**CREATE, **refusing})
-                if case in ("gate", "fleet"):
+                if case in GATED:
                     await _chat_ahead(url, worker_id, other_id, FLEET if case == "fleet" else 0)
                 if case == "running":  # another worker takes every job ahead
                     for _ in range(ahead):

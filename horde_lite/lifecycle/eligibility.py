@@ -167,11 +167,18 @@ def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]
 def text_wp_speed_gate_clause(
     w: WorkerRow, r: RequestRow, rules: Rules, capable: ColumnElement[bool] | None = None
 ) -> ColumnElement[bool]:
+    return gate_admits(r, w.capacity, rules, capable)
+
+
+def gate_admits(
+    r: RequestRow, capacity: Any, rules: Rules, capable: ColumnElement[bool] | None = None
+) -> ColumnElement[bool]:
+    """The speed gate's rule for request `r` and a worker of `capacity` (a column or a bound value)."""
     return rules.gate.text_wp_speed_gate_clause(
         GateSql(
             is_chat=r.is_chat,
             max_length=r.max_length,
-            capacity=w.capacity,
+            capacity=capacity,
             capable_worker_online=(lambda: capable_worker_online(r, rules))
             if capable is None
             else (lambda: capable),

@@ -49,6 +49,7 @@ from horde_lite.lifecycle.eligibility import (
     built_once,
     capable_worker_online_for_entry,
     fast_enough,
+    gate_admits,
     serves_models,
 )
 from horde_lite.policies.protocols import GateSql
@@ -235,10 +236,12 @@ _STATEMENTS: dict[_Shape, Select[Any]] = {}
 
 
 def _gated(shape: _Shape, rules: Rules | None) -> bool:
-    """Whether the page's walk applies the speed gate to the entries: a walk by model with the
-    worker's limits, under a gate that allows it (`capable_monotone`, see SpeedGate)."""
-    monotone = rules is not None and getattr(rules.gate, "capable_monotone", False) is True
-    return monotone and shape.models is not None and shape.chat is not None
+    """Whether the page's walk applies the speed gate: a walk with the worker's limits, over the
+    whole queue (it reads the request rows: the claim's own rule) or, under a gate that allows it
+    (`capable_monotone`, see SpeedGate), by model (the entries answer for plain requests only)."""
+    if rules is None or shape.chat is None:
+        return False
+    return shape.models is None or getattr(rules.gate, "capable_monotone", False) is True
 
 
 def _statement(shape: _Shape, rules: Rules | None) -> Select[Any]:
@@ -266,6 +269,8 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
             where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
             where.append(allow_list_admits(r, bindparam("worker_id")))
+            if gated is not None:
+                where.append(gate_admits(r, bindparam("capacity"), gated))
         # The models, read from the row: else a worker serving none of the head's models would page
         # through all of it, each row judged by the claim.
         where.append(serves_models(bindparam("worker_models", type_=JsonList), r))

@@ -52,7 +52,8 @@ class SpeedGate(Protocol):
     worker online, everything it admits with one (every built-in gate does; the contract test
     checks it). The pop's walk then applies the gate's clause to the queue's entries with a
     capable-worker question that may answer "no" where the full one says "yes" (an entry cannot
-    tell every rule), and skips in the index the entries it refuses."""
+    tell every rule), and skips in the index the entries it refuses. The walk over the whole
+    queue's order reads the requests and asks every gate's clause as the claim does."""
 
     def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool: ...
 

@@ -397,16 +397,19 @@ async def test_later_pages_share_one_claim_statement(client: HordeClient) -> Non
     assert claims[1] == claims[2]
 
 
-async def test_the_walk_skips_chat_requests_the_speed_gate_refuses(client: HordeClient) -> None:
+@pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
+async def test_the_walk_skips_chat_requests_the_speed_gate_refuses(client: HordeClient, served: int) -> None:
     """More than a page of chat requests ahead longer than a slow worker can finish inside a lease,
-    while a worker that can is online: the walk asks the speed gate of their entries and skips them
-    in the index, so the slow worker's pop judges one page and takes the request behind them. A
-    request whose entries cannot answer (a deny-list) is judged by the claim, and refused there;
-    the fast worker takes the requests the gate kept from the slow one."""
+    while a worker that can is online: the walk asks the speed gate of their entries (by model) or
+    of the requests (the whole queue) and skips them, so the slow worker's pop judges one page and
+    takes the request behind them. A request whose entries cannot answer (a deny-list) is judged
+    by the claim, and refused there; the fast worker takes the requests the gate kept from the
+    slow one."""
     key = await client.user("owner")
     chat_limits = {"chat": {"max_completion_tokens": 4096, "max_context_tokens": 8192}}
-    for name in ("slow", "fast"):
-        assert (await client.pop(key, name, models=["g-7B"], **chat_limits)).json()["id"] is None
+    models = ["g-7B", *(f"other-{i}" for i in range(served - 1))]
+    assert (await client.pop(key, "slow", models=models, **chat_limits)).json()["id"] is None
+    assert (await client.pop(key, "fast", models=["g-7B"], **chat_limits)).json()["id"] is None
     await client.set_worker_speed("slow", 1.0)  # capacity: far under 512 tokens
     await client.set_worker_speed("fast", 100.0)
 
@@ -422,7 +425,7 @@ async def test_the_walk_skips_chat_requests_the_speed_gate_refuses(client: Horde
     wanted = await chat(16)
     [(plain,)] = await _rows(client, "SELECT count(*) FROM queue_entries WHERE plain")
     assert plain == len(ahead) + 1  # all but the deny-listed one
-    job, claims = await _claims_of(client, key, "slow", models=["g-7B"], **chat_limits)
+    job, claims = await _claims_of(client, key, "slow", models=models, **chat_limits)
     request_id = await _request_of(client, job)
     assert (request_id, claims) == (wanted, 1)
     job = (await client.pop(key, "fast", models=["g-7B"], **chat_limits)).json()
