@@ -8,7 +8,7 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
 - `running`: their jobs were all taken by another worker (being generated); `pops` takeable
   requests wait behind them, and each measured pop takes one;
 - `nsfw`: they ask for NSFW workers, which the popping worker is not; each pop finds nothing;
-- `deny`: their deny-list names the popping worker (a rule the queue's index cannot see); each pop
+- `deny`: their deny-list names the popping worker (the walk skips them through their refusals); each pop
   finds nothing;
 - `target`: they name another worker as the only one allowed (targeting); each pop finds nothing;
 - `models`: they ask for a model the popping worker does not serve, and it serves 8 others (so

@@ -278,6 +278,20 @@ class QueueEntry(Base):
     plain: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
+class QueueRefusal(Base):
+    """A worker a request refuses by name, for good: its deny-list, and each worker that failed it
+    (settlement.give_back). Written with the request and at each failure, gone with the request; a
+    walk skips, inside its statement, the entries of requests that refuse the walking worker."""
+
+    __tablename__ = "queue_refusals"
+
+    # The walk asks (request, worker) pairs; a request's rows go with it (ON DELETE CASCADE).
+    request_id: Mapped[str] = mapped_column(
+        ForeignKey("text_requests.id", ondelete="CASCADE"), primary_key=True
+    )
+    worker_id: Mapped[str] = mapped_column(ID, primary_key=True)
+
+
 class Generation(Base):
     """One job handed to one worker by a pop, with its lease."""
 

@@ -383,10 +383,12 @@ def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
 
 
 async def _insert(session: AsyncSession, row: TextRequest) -> None:
-    """Queue the admitted request: its row, its models and its entries in the queue's index, as
-    Core inserts (`insert_rows`): nothing reads them back as objects in this transaction."""
+    """Queue the admitted request: its row, its models, its entries in the queue's index and the
+    workers its deny-list refuses, as Core inserts (`insert_rows`): nothing reads them back as
+    objects in this transaction."""
     await insert_rows(session, [row, *(RequestModel(request_id=row.id, model=m) for m in row.models)])
     await queue_index.enter(session, row)
+    await queue_index.refuse(session, row.id, row.worker_deny)
 
 
 async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Admission:

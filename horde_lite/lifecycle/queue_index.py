@@ -19,7 +19,7 @@ them would page past hundreds of requests no worker may take.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,6 +29,7 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
+    exists,
     insert,
     not_,
     or_,
@@ -41,7 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import QueueEntry, TextRequest, Worker
+from horde_lite.db.models import QueueEntry, QueueRefusal, TextRequest, Worker
 from horde_lite.db.sqltypes import JsonList
 from horde_lite.lifecycle.eligibility import (
     Rules,
@@ -183,6 +184,29 @@ async def come_back(session: AsyncSession, row: TextRequest) -> None:
     await enter(session, row)
 
 
+def refusal_rows(request_id: str, workers: Iterable[str]) -> list[dict[str, Any]]:
+    """The refusals of a request naming `workers` (bulk loaders use this too); a name longer than
+    a worker id refuses no worker."""
+    return [
+        {"request_id": request_id, "worker_id": w} for w in sorted(set(workers)) if len(w) <= TARGET_LENGTH
+    ]
+
+
+async def refuse(session: AsyncSession, request_id: str, workers: Iterable[str]) -> None:
+    """The request refuses `workers` for good (its deny-list at admission, a worker that failed
+    it), so walks skip it for them; none already refused may be among them."""
+    rows = refusal_rows(request_id, workers)
+    if rows:
+        await session.execute(insert(QueueRefusal.__table__), rows)
+
+
+def _not_refused(request_id: Any) -> ColumnElement[bool]:
+    """The request does not refuse the walking worker by name (a probe of queue_refusals' key)."""
+    x = QueueRefusal
+    refused = select(1).where(x.request_id == request_id, x.worker_id == bindparam("worker_id"))
+    return not_(exists(refused.correlate_except(x)))
+
+
 def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:
     """The lengths a worker accepts, as bound parameters (`Limits` gives their values); `chat`:
     the worker declared chat limits."""
@@ -268,7 +292,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
             where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
-            where.append(allow_list_admits(r, bindparam("worker_id")))
+            where += [allow_list_admits(r, bindparam("worker_id")), _not_refused(r.id)]
             if gated is not None:
                 where.append(gate_admits(r, bindparam("capacity"), gated))
         # The models, read from the row: else a worker serving none of the head's models would page
@@ -282,6 +306,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
     if shape.chat is not None:
         fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat)]
         fits += [*_chooses(e.nsfw, e.trusted_workers, e.slow_workers), _targets_worker(e.target)]
+        fits.append(_not_refused(e.request_id))
     if gated is not None:
         # The speed gate, asked of the entry: its capable-worker question answers for plain
         # entries only (false, "not known", for the rest), which a monotone gate turns into

@@ -72,6 +72,8 @@ async def give_back(
     newly_failed = worker_id not in (request.failed_workers or [])
     if newly_failed:
         request.failed_workers = [*(request.failed_workers or []), worker_id]  # a new list: a change
+        if worker_id not in (request.worker_deny or []):  # a deny-list's workers are refused already
+            await queue_index.refuse(session, request.id, [worker_id])
     if request.state != "waiting":
         await maybe_finish(session, request)
         return

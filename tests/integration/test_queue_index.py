@@ -137,20 +137,18 @@ async def test_faulted_and_expired_requests_leave(client: HordeClient) -> None:
 
 @pytest.mark.parametrize("checked_in", [False, True], ids=["declaration changed", "checked in"])
 async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, checked_in: bool) -> None:
-    """More than a page of requests ahead that the index lets through but the claim refuses (a
-    deny-list naming the worker): the pop pages on and finds the one behind them. A worker checked
+    """More than a page of requests ahead that the index lets through but the claim refuses (an
+    allow-list too long for the entries to name, without the worker): the pop pages on and finds
+    the one behind them. A worker checked
     in already reads the first page before its transaction, which walks on from it; one whose
     declaration changed goes the whole way in the transaction."""
     key = await client.user("owner")
     assert (await client.pop(key, "denied", models=["p-7B"])).json()["id"] is None
-    [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
     declared = {} if checked_in else {"max_context_length": 4096}
     # A rich requester's requests are ahead in the queue (effective start by priority).
     rich = await client.user("rich", kudos=1_000_000)
     for _ in range(dispatch.POP_PAGE + 3):
-        response = await client.create(
-            rich, models=["p-7B"], worker_blacklist=[denied], params={"max_length": 16}
-        )
+        response = await client.create(rich, models=["p-7B"], workers=_OTHERS, params={"max_length": 16})
         assert response.status_code == 202, response.text
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
@@ -160,17 +158,20 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, c
     assert request_id == wanted
 
 
+# An allow-list too long for the entries to name (a rule the index cannot see) that omits the worker.
+_OTHERS = [f"{i:036d}" for i in range(queue_index.TARGET_ENTRIES + 1)]
+
+
 async def _behind_denied(client: HordeClient, model: str, count: int) -> tuple[str, str]:
-    """`count` requests for `model` whose deny-list names the worker "denied" (a rule the index
-    cannot see), then one it may take: its owner's key and that request's id. (Several requesters:
-    one would pass the per-minute limit of creations.)"""
+    """`count` requests for `model` that only the claim finds refuse the worker "denied" (`_OTHERS`),
+    then one it may take: its owner's key and that request's id. (Several requesters: one would
+    pass the per-minute limit of creations.)"""
     key = await client.user("owner")
     assert (await client.pop(key, "denied", models=[model])).json()["id"] is None
-    [(denied,)] = await _rows(client, "SELECT id FROM workers WHERE name = 'denied'")
     rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(4)]
     for i in range(count):
         response = await client.create(
-            rich[i % 4], models=[model], worker_blacklist=[denied], params={"max_length": 16}
+            rich[i % 4], models=[model], workers=_OTHERS, params={"max_length": 16}
         )
         assert response.status_code == 202, response.text
     client.clock.advance(1)
@@ -178,7 +179,7 @@ async def _behind_denied(client: HordeClient, model: str, count: int) -> tuple[s
 
 
 async def test_pages_past_refused_requests_grow(client: HordeClient) -> None:
-    """Behind more than two pages' worth of requests the claim refuses (a deny-list), the walk's
+    """Behind more than two pages' worth of requests the claim refuses (a long allow-list), the walk's
     pages double (32, then 64): the pop judges two pages, not three, and takes the request behind."""
     key, wanted = await _behind_denied(client, "q-7B", 2 * dispatch.POP_PAGE + 3)
     job, claims = await _claims_of(client, key, "denied", models=["q-7B"])
@@ -367,6 +368,34 @@ async def test_the_walk_skips_requests_targeted_at_other_workers(client: HordeCl
     assert request_id in ahead
 
 
+@pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
+async def test_the_walk_skips_requests_that_refuse_the_worker_by_name(
+    client: HordeClient, served: int
+) -> None:
+    """More than a page of requests ahead whose deny-list names the worker: the walk skips them
+    (their refusals, by model and over the whole queue), so the pop judges one page and takes the
+    request behind them; a worker they do not name takes them first."""
+    key = await client.user("owner")
+    models = ["d-7B", *(f"other-{i}" for i in range(served - 1))]
+    assert (await client.pop(key, "w", models=models)).json()["id"] is None
+    assert (await client.pop(key, "ok", models=["d-7B"])).json()["id"] is None
+    denied = await _worker_id(client, "w")
+    rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(2)]
+    ahead = []
+    for i in range(dispatch.POP_PAGE + 2):
+        deny = {"worker_blacklist": [denied]} if i % 2 else {"workers": [denied], "worker_blacklist": True}
+        response = await client.create(rich[i % 2], models=["d-7B"], params={"max_length": 16}, **deny)
+        assert response.status_code == 202, response.text
+        ahead.append(response.json()["id"])
+    client.clock.advance(1)
+    wanted = (await client.create(ANON, models=["d-7B"], params={"max_length": 16})).json()["id"]
+    job, claims = await _claims_of(client, key, "w", models=models)
+    request_id = await _request_of(client, job)
+    assert (request_id, claims) == (wanted, 1)
+    job = (await client.pop(key, "ok", models=["d-7B"])).json()
+    assert await _request_of(client, job) in ahead
+
+
 async def test_a_worker_of_many_models_skips_requests_for_others(client: HordeClient) -> None:
     """A worker serving many models walks the whole queue's order: more than a page of requests
     ahead for a model it does not serve is skipped by the walk (one claim), not judged."""
@@ -385,9 +414,10 @@ async def test_a_worker_of_many_models_skips_requests_for_others(client: HordeCl
 
 
 async def test_later_pages_share_one_claim_statement(client: HordeClient) -> None:
-    """Behind three pages' worth of denied requests the pop judges pages of 32, 64 and 128 (the
-    last one partly filled): the two later claims send one statement text, their ids bound as one
-    list, whatever their lengths (one prepared statement per connection, not one per length)."""
+    """Behind three pages' worth of requests only the claim refuses, the pop judges pages of 32, 64
+    and 128 (the last one partly filled): the two later claims send one statement text, their ids
+    bound as one list, whatever their lengths (one prepared statement per connection, not one per
+    length)."""
     key, wanted = await _behind_denied(client, "p-7B", 3 * dispatch.POP_PAGE + 3)
     with statements_sent(client.horde.engine) as sent:
         job = (await client.pop(key, "denied", models=["p-7B"])).json()

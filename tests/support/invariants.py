@@ -14,6 +14,7 @@ the drain). Each check reads committed rows only, so it must hold between any tw
 - kudos are conserved: charges paid = rewards earned + 1 per job, and the balances sum to the
   operator's grants minus those burns;
 - the queue's index holds exactly the waiting requests, each under its models (or "" for any);
+- each request refuses by name (`queue_refusals`) exactly its deny-list's and its failed workers;
 - after a drain (`drained=True`): every request is final and no job is running.
 
 `copy_matches_the_database` checks the app's in-memory copy of the queue and the fleet against a
@@ -31,7 +32,16 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from horde_lite.db.models import Generation, KudosEvent, KudosHold, QueueEntry, SharedKey, TextRequest, User
+from horde_lite.db.models import (
+    Generation,
+    KudosEvent,
+    KudosHold,
+    QueueEntry,
+    QueueRefusal,
+    SharedKey,
+    TextRequest,
+    User,
+)
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.mirror import QueueMirror
 from horde_lite.lifecycle.queue_index import TARGET_ENTRIES, TARGET_LENGTH
@@ -104,6 +114,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                 select(QueueEntry.request_id, QueueEntry.model, QueueEntry.target, QueueEntry.plain)
             )
         ).all()
+        refusals = (await conn.execute(select(QueueRefusal.request_id, QueueRefusal.worker_id))).all()
         generations = (
             await conn.execute(
                 select(
@@ -151,6 +162,18 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             )
     for request_id in indexed:
         bad("queue index == requests with a job to hand out", f"entries of request {request_id}, gone")
+    refused: dict[str, set[str]] = defaultdict(set)
+    for x in refusals:
+        refused[x.request_id].add(x.worker_id)
+    for r in requests:
+        named = {w for w in (*(r.worker_deny or ()), *(r.failed_workers or ())) if len(w) <= TARGET_LENGTH}
+        if refused.pop(r.id, set()) != named:
+            bad(
+                "refusals == deny-list and failed workers",
+                f"request {r.id}: refusals differ from {sorted(named)}",
+            )
+    for request_id in refused:
+        bad("refusals == deny-list and failed workers", f"refusals of request {request_id}, gone")
 
     # --- per request: jobs within n, status counts -------------------------------------------------
     by_request: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

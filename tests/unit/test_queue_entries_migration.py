@@ -1,7 +1,8 @@
 """The migrations of the queue's index, on SQLite and PostgreSQL: 0011 keeps only requests with a
 job to hand out (going back gives every waiting request its entries again, coming forward takes
 them from the requests whose jobs are all out); 0013 gives the entries their request's choices;
-0014 names the workers of a short allow-list (going back leaves one entry per model)."""
+0014 names the workers of a short allow-list (going back leaves one entry per model); 0016 says
+which entries are plain; 0017 lists the workers each request refuses by name."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from sqlalchemy import insert, text
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 from horde_lite.db.migrate import _commands
-from horde_lite.db.models import QueueEntry, RequestModel, TextRequest, User
-from horde_lite.lifecycle.queue_index import entry_rows
+from horde_lite.db.models import QueueEntry, QueueRefusal, RequestModel, TextRequest, User
+from horde_lite.lifecycle.queue_index import entry_rows, refusal_rows
 
 BEFORE = "0010_check_in_jump_20"
 
@@ -140,5 +141,39 @@ def test_entries_say_whether_their_request_is_plain(db_url: str) -> None:
         _commands(db_url).downgrade("0015_workers_capacity")
         migrate.upgrade(db_url)
         assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, sql))] == want
+    finally:
+        migrate.upgrade(db_url)
+
+
+async def _seed_refusing(url: str) -> None:
+    lists = {"worker_deny": [], "failed_workers": []}  # every row the same keys
+    requests = [
+        {**_request("bare", left=1, models=["m1"]), **lists},
+        {**_request("denies", left=1, models=["m1"]), **lists, "worker_deny": ["w2", "w1", "n" * 37]},
+        {**_request("failed", left=0, models=["m1"], state="done"), **lists, "failed_workers": ["w3"]},
+        {**_request("both", left=1, models=["m1"]), "worker_deny": ["w1"], "failed_workers": ["w4"]},
+    ]
+    await _at_head(url, requests)
+    engine = make_engine(url, null_pool=True)
+    try:
+        async with engine.begin() as conn:
+            named = [refusal_rows(str(r["id"]), [*r["worker_deny"], *r["failed_workers"]]) for r in requests]
+            await conn.execute(insert(QueueRefusal.__table__), [row for rows in named for row in rows])
+    finally:
+        await engine.dispose()
+
+
+def test_a_requests_refusals_are_its_deny_list_and_failed_workers(db_url: str) -> None:
+    """0017: an existing horde's requests, waiting or not, refuse the workers their deny-list names
+    and those that failed them (a name longer than a worker id refuses none), as admission and
+    give-backs write them; going back drops the table."""
+    sql = "SELECT request_id, worker_id FROM queue_refusals ORDER BY 1, 2"
+    want = [("both", "w1"), ("both", "w4"), ("denies", "w1"), ("denies", "w2"), ("failed", "w3")]
+    try:
+        asyncio.run(_seed_refusing(db_url))
+        assert asyncio.run(_sql(db_url, sql)) == want
+        _commands(db_url).downgrade("0016_entries_plain")  # drops the table: coming back rebuilds it
+        migrate.upgrade(db_url)
+        assert asyncio.run(_sql(db_url, sql)) == want
     finally:
         migrate.upgrade(db_url)
