@@ -101,6 +101,11 @@ async def test_a_lapsed_worker_is_not_offered_the_request_again(client: HordeCli
     assert (await client.pop(owner, "slow")).json()["id"] is not None
     client.clock.advance(151)
     await client.sweep()
+    # The request refuses it by name from now on, so its walks skip the request.
+    refused = await rows(
+        client, "SELECT r.worker_id FROM queue_refusals r JOIN workers w ON w.id = r.worker_id"
+    )
+    assert refused == await rows(client, "SELECT id FROM workers WHERE name = 'slow'")
     assert (await client.pop(owner, "slow")).json()["id"] is None
     assert (await client.pop(owner, "fresh")).json()["id"] is not None
 
@@ -118,6 +123,7 @@ async def test_a_request_is_faulted_when_more_than_max_failures_distinct_workers
     assert (await client.status(created)).json()["faulted"] is True
     [(failed,)] = await rows(client, "SELECT failed_workers FROM text_requests")
     assert len(failed if isinstance(failed, list) else json.loads(failed)) == limit + 1
+    assert await rows(client, "SELECT count(*) FROM queue_refusals") == [(limit + 1,)]
 
 
 # --- 4. shared keys and the per-request allowance -------------------------------------------------
