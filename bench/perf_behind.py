@@ -21,7 +21,9 @@ The cases: `ahead` requests at the head of the worker's part of the queue, then 
   horde with a few fast workers among many slow ones (the speed gate asks, for each request it
   refuses, whether a worker that can is online);
 - `gate-models`: as `gate`, and the popping worker serves 8 models, the requests' among them (so
-  its walk reads the whole queue's order, as in `models`).
+  its walk reads the whole queue's order, as in `models`);
+- `gate-deny`: as `gate`, and each request's deny-list names a worker that is not online (its
+  refusals are read by the speed gate's question in the walk).
 
 Before the measured pops the database's planner statistics are brought up to date (`VACUUM
 ANALYZE`, SQLite's `ANALYZE`), as autovacuum keeps them on a horde that has run a while: without,
@@ -51,7 +53,7 @@ from horde_lite.db.models import QueueEntry, TextRequest, Worker, WorkerModel
 from horde_lite.lifecycle.queue_index import MANY_MODELS
 from horde_lite.settings import Settings
 
-CASES = ("running", "nsfw", "deny", "target", "models", "gate", "fleet", "gate-models")
+CASES = ("running", "nsfw", "deny", "target", "models", "gate", "fleet", "gate-models", "gate-deny")
 POP = "/api/v2/generate/text/pop"
 CREATE_PATH = "/api/v2/generate/text/async"
 
@@ -73,7 +75,7 @@ async def _database(db: str, pg_url: str, work: Path) -> str:
 GATE_CHAT = {"max_completion_tokens": 2048, "max_context_tokens": 8192}
 GATE_LENGTH, GATE_SLOW, GATE_FAST = 512, 100, 10_000
 FLEET = 200  # the `fleet` case's other slow workers
-GATED = ("gate", "fleet", "gate-models")  # the cases of chat requests the speed gate refuses
+GATED = ("gate", "fleet", "gate-models", "gate-deny")  # the cases of chat requests the speed gate refuses
 
 
 async def _chat_ahead(url: str, slow_id: str, fast_id: str, fleet: int) -> None:
@@ -166,6 +168,7 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
                     "nsfw": {"nsfw": True},
                     "deny": {"workers": [worker_id], "worker_blacklist": True},
                     "target": {"workers": [other_id]},
+                    "gate-deny": {"worker_blacklist": ["nobody"]},
                 }.get(case, {})
                 for _ in range(ahead):
                     await post(CREATE_PATH, requester, {**CREATE, **refusing})

@@ -272,9 +272,9 @@ class QueueEntry(Base):
     # A targeted request's entry names one worker of its allow-list ("": any worker, as far as the
     # index can tell): a walk skips other workers' targeted entries inside the index.
     target: Mapped[str] = mapped_column(ID, primary_key=True, server_default="")
-    # The request asks for no chat features or image transports and has no deny-list, no failed
-    # workers and no allow-list the entries do not name: whether a worker can take it then reads
-    # from the entry alone, so a walk can ask the speed gate's question here (queue_index.py).
+    # The request asks for no chat features or image transports and has no allow-list the entries
+    # do not name: whether a worker can take it then reads from the entry and the request's refusals
+    # by name (QueueRefusal), so a walk can ask the speed gate's question here (queue_index.py).
     plain: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 

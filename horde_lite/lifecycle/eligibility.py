@@ -18,7 +18,7 @@ from sqlalchemy import Float, Text, and_, bindparam, exists, func, not_, or_, se
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import TextRequest, Worker
+from horde_lite.db.models import QueueRefusal, TextRequest, Worker
 from horde_lite.db.sqltypes import TextArrayContainsAll, TextArrayHas, TextArraysOverlap
 from horde_lite.policies.protocols import GateInputs, GateSql, SpeedGate
 from horde_lite.settings import Settings
@@ -141,11 +141,19 @@ def capable_worker_online(r: RequestRow, rules: Rules) -> ColumnElement[bool]:
     )
 
 
+def refuses_by_name(request_id: Any, worker_id: Any) -> ColumnElement[bool]:
+    """The request refuses the worker by name, in its deny-list or since the worker failed it (a
+    probe of queue_refusals' key; the walks read it, the claim reads the request's lists)."""
+    x = QueueRefusal
+    return exists(select(1).where(x.request_id == request_id, x.worker_id == worker_id).correlate_except(x))
+
+
 def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]:
     """`capable_worker_online` asked of a queue entry `e` (a QueueEntry row or alias): true only
     for a plain chat entry (see QueueEntry.plain; a chat entry's `need_context` is the prompt and
-    the reply, as the question reads), whose columns carry every rule the question reads, and then
-    exactly when the question of its request is true; false otherwise (not known)."""
+    the reply, as the question reads), whose columns and its request's refusals by name carry every
+    rule the question reads, and then exactly when the question of its request is true; false
+    otherwise (not known)."""
     cw = _CAPABLE_WORKER
     clauses = [
         worker_online(cw, rules),
@@ -160,6 +168,7 @@ def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]
         or_(e.model == "", TextArrayHas(cw.models, e.model)),
         or_(not_(e.trusted_workers), cw.trusted),
         or_(e.target == "", cw.id == e.target),
+        not_(refuses_by_name(e.request_id, cw.id)),
     ]
     return and_(e.plain, e.is_chat, exists(select(1).select_from(cw).where(*clauses).correlate_except(cw)))
 

@@ -29,7 +29,6 @@ from sqlalchemy import (
     bindparam,
     case,
     delete,
-    exists,
     insert,
     not_,
     or_,
@@ -51,6 +50,7 @@ from horde_lite.lifecycle.eligibility import (
     capable_worker_online_for_entry,
     fast_enough,
     gate_admits,
+    refuses_by_name,
     serves_models,
 )
 from horde_lite.policies.protocols import GateSql
@@ -133,7 +133,7 @@ def targets(request: Mapping[str, Any], models: int) -> list[str]:
 
 
 # What makes a request's entries not plain (QueueEntry.plain), besides an allow-list they do not name.
-_NOT_PLAIN = ("required_features", "required_transports", "worker_deny", "failed_workers")
+_NOT_PLAIN = ("required_features", "required_transports")
 
 
 def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -201,10 +201,7 @@ async def refuse(session: AsyncSession, request_id: str, workers: Iterable[str])
 
 
 def _not_refused(request_id: Any) -> ColumnElement[bool]:
-    """The request does not refuse the walking worker by name (a probe of queue_refusals' key)."""
-    x = QueueRefusal
-    refused = select(1).where(x.request_id == request_id, x.worker_id == bindparam("worker_id"))
-    return not_(exists(refused.correlate_except(x)))
+    return not_(refuses_by_name(request_id, bindparam("worker_id")))
 
 
 def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:

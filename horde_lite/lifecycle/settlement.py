@@ -84,9 +84,7 @@ async def give_back(
         await maybe_finish(session, request)
         return
     request.n_remaining += 1
-    # It has a job to hand out again, at its old place in the queue; or its entries, which say
-    # whether it has failed workers (QueueEntry.plain), must say so now.
-    if request.n_remaining == 1 or newly_failed:
+    if request.n_remaining == 1:  # it has a job to hand out again, at its old place in the queue
         await queue_index.come_back(session, request)
 
 

@@ -58,7 +58,15 @@ from sqlalchemy import func, insert, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import aliased
 
-from horde_lite.db.models import QueueEntry, RequestModel, TextRequest, User, Worker, WorkerModel
+from horde_lite.db.models import (
+    QueueEntry,
+    QueueRefusal,
+    RequestModel,
+    TextRequest,
+    User,
+    Worker,
+    WorkerModel,
+)
 from horde_lite.lifecycle.eligibility import (
     RequestFacts,
     Rules,
@@ -70,7 +78,7 @@ from horde_lite.lifecycle.eligibility import (
     is_eligible,
     text_wp_speed_gate_clause,
 )
-from horde_lite.lifecycle.queue_index import entry_rows
+from horde_lite.lifecycle.queue_index import entry_rows, refusal_rows
 from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.policies.protocols import GateInputs, SpeedGate
 from horde_lite.settings import Settings
@@ -247,7 +255,7 @@ def seed_examples(settings: Settings | None = None) -> list[Example]:
         # The capable worker failed the chat request: it neither takes it nor counts as capable.
         Example(workers=(slow, capable), requests=(("r0", replace(chat, failed_workers=frozenset({"w1"}))),)),
         Example(workers=(slow, narrow), requests=queue),
-        # Failed by, or denying, the only capable worker: not plain, so its entries do not say yes.
+        # Failed by, or denying, the only capable worker: plain, its refusals read by name.
         Example(
             workers=(slow, no_tools),
             requests=(
@@ -368,6 +376,11 @@ async def _write(conn: AsyncConnection, example: Example) -> None:
         await conn.execute(insert(RequestModel), wanted)
     entries = [e for rid, r in example.requests for e in entry_rows(_request_row(rid, r))]
     await conn.execute(insert(QueueEntry), entries)
+    refusals = [
+        x for rid, r in example.requests for x in refusal_rows(rid, [*r.worker_deny, *r.failed_workers])
+    ]
+    if refusals:
+        await conn.execute(insert(QueueRefusal), refusals)
 
 
 async def _pairs(conn: AsyncConnection, *where: Any) -> set[tuple[str, str]]:

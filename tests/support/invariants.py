@@ -152,8 +152,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
         models = {""} if r.any_model else set(r.models)
         few = 0 < len(allow) * len(models) <= TARGET_ENTRIES and all(len(w) <= TARGET_LENGTH for w in allow)
         named = allow if few else {""}
-        lists = (r.worker_deny, r.required_features, r.required_transports, r.failed_workers)
-        plain = not any(lists) and (not r.targeted or few)
+        plain = not (r.required_features or r.required_transports) and (not r.targeted or few)
         want = {(m, w, plain) for m in models for w in named} if offered else set()
         if indexed.pop(r.id, set()) != want:
             bad(

@@ -132,13 +132,17 @@ async def _seed_plain(url: str) -> None:
 
 def test_entries_say_whether_their_request_is_plain(db_url: str) -> None:
     """0016: an existing horde's entries are plain when their request has no lists to judge and no
-    allow-list they do not name (going back drops the column)."""
+    allow-list they do not name (going back drops the column); from 0017 on, failed workers are
+    read from the request's refusals and leave its entries plain."""
     sql = "SELECT request_id, plain FROM queue_entries ORDER BY 1"
-    want = [("bare", True), ("crowd", False), ("failed", False)]
+    want = [("bare", True), ("crowd", False), ("failed", True)]
     try:
         asyncio.run(_seed_plain(db_url))
         assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, sql))] == want
         _commands(db_url).downgrade("0015_workers_capacity")
+        _commands(db_url).upgrade("0016_entries_plain")
+        at_0016 = [("bare", True), ("crowd", False), ("failed", False)]
+        assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, sql))] == at_0016
         migrate.upgrade(db_url)
         assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, sql))] == want
     finally:
@@ -166,14 +170,20 @@ async def _seed_refusing(url: str) -> None:
 def test_a_requests_refusals_are_its_deny_list_and_failed_workers(db_url: str) -> None:
     """0017: an existing horde's requests, waiting or not, refuse the workers their deny-list names
     and those that failed them (a name longer than a worker id refuses none), as admission and
-    give-backs write them; going back drops the table."""
+    give-backs write them, and their entries are plain; going back drops the table, and entries of
+    requests with such lists are not plain."""
     sql = "SELECT request_id, worker_id FROM queue_refusals ORDER BY 1, 2"
     want = [("both", "w1"), ("both", "w4"), ("denies", "w1"), ("denies", "w2"), ("failed", "w3")]
+    plain = "SELECT DISTINCT request_id, plain FROM queue_entries ORDER BY 1"
     try:
         asyncio.run(_seed_refusing(db_url))
         assert asyncio.run(_sql(db_url, sql)) == want
         _commands(db_url).downgrade("0016_entries_plain")  # drops the table: coming back rebuilds it
+        before = [("bare", True), ("both", False), ("denies", False), ("failed", False)]
+        assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, plain))] == before
         migrate.upgrade(db_url)
         assert asyncio.run(_sql(db_url, sql)) == want
+        after = [("bare", True), ("both", True), ("denies", True), ("failed", True)]
+        assert [(r, bool(p)) for r, p in asyncio.run(_sql(db_url, plain))] == after
     finally:
         migrate.upgrade(db_url)

@@ -1,5 +1,6 @@
 """queue_refusals: the workers each request refuses by name (its deny-list, the workers that failed
-it), so a walk skips a request that refuses the walking worker inside its statement
+it), so a walk skips a request that refuses the walking worker inside its statement; entries of
+requests with such lists are plain (the speed gate's question reads the refusals)
 
 Revision ID: 0017_queue_refusals
 Revises: 0016_entries_plain
@@ -50,7 +51,34 @@ def upgrade() -> None:
     ]
     for start in range(0, len(values), 500):
         op.bulk_insert(refusals, values[start : start + 500])
+    _mark_plain(bind, lists=("required_features", "required_transports"))
+
+
+def _mark_plain(bind: sa.engine.Connection, lists: tuple[str, ...]) -> None:
+    """The entries' `plain`: a frozen copy of lifecycle/queue_index.py's rule as of the revision,
+    whose request lists are `lists` (0016's had the deny-list and failed workers too, which from
+    0017 on the walk reads from queue_refusals)."""
+    columns = ", ".join(["r.id", "r.targeted", *(f"r.{c}" for c in lists)])
+    rows = bind.execute(
+        sa.text(
+            f"SELECT DISTINCT {columns}, e.target FROM text_requests r "
+            "JOIN queue_entries e ON e.request_id = r.id"
+        )
+    ).all()
+    plain: dict[bool, set[str]] = {True: set(), False: set()}
+    for row in rows:
+        listed = any(_names(v) for v in row[2 : 2 + len(lists)])
+        plain[not listed and (not row[1] or row[-1] != "")].add(row[0])
+    entries = sa.table("queue_entries", sa.column("request_id"), sa.column("plain"))
+    for value, ids in plain.items():
+        chosen = sorted(ids)
+        for start in range(0, len(chosen), 500):
+            chunk = chosen[start : start + 500]
+            bind.execute(sa.update(entries).where(entries.c.request_id.in_(chunk)).values(plain=value))
 
 
 def downgrade() -> None:
+    _mark_plain(
+        op.get_bind(), lists=("required_features", "required_transports", "worker_deny", "failed_workers")
+    )
     op.drop_table("queue_refusals")
