@@ -4,9 +4,11 @@
 (`ANY_MODEL` for a request any model serves), keyed by the queue order (effective_start,
 created_at, request id) and carrying the length limits and choices a worker must meet; a request
 targeted at a few workers has one row per model and worker, so the others' walks skip it inside
-the index. The pop walks it per model through its index instead of judging the whole queue: its
-cost follows what the worker can take, not the queue's length (docs/explanation/dispatch.md). The
-wait estimate walks its own copy of the queue in memory (lifecycle/mirror.py).
+the index; `queue_refusals` holds the workers each request refuses by name (its deny-list, the
+workers that failed it), which walks skip too. The pop walks it per model through its index
+instead of judging the whole queue: its cost follows what the worker can take, not the queue's
+length (docs/explanation/dispatch.md). The wait estimate walks its own copy of the queue in memory
+(lifecycle/mirror.py).
 
 The entries are a hint beside the truth. Every reader still judges the request rows themselves
 with the one eligibility check, so an entry left behind costs a skipped candidate, never a wrong
