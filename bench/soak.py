@@ -262,7 +262,8 @@ def print_report(
             print(f"  {line}")
         return 1
     print("\nall invariants hold: balances = ledger, no active hold on a finished request, jobs within n, "
-          "status counts add up, one settlement per job, paid = earned + burns, all final, no deadlock, "
+          "status counts add up, one settlement per job, paid = earned + burns, queue index = requests "
+          "with a job to hand out, refusals = deny-lists and failed workers, all final, no deadlock, "
           "no 5xx outside the killed process's calls")  # fmt: skip
     return 0
 
