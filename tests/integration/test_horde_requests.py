@@ -483,8 +483,11 @@ async def test_priority_usernames_with_id(client: HordeClient) -> None:
 async def test_expiry_removes_the_request_its_results_and_its_hold(client: HordeClient) -> None:
     key = await client.user("owner")
     rich = await client.user("rich", kudos=1000)
-    request_id = (await client.create(rich, slow_workers=False, params={"n": 2})).json()["id"]
+    request_id = (
+        await client.create(rich, slow_workers=False, params={"n": 2}, worker_blacklist=["nobody"])
+    ).json()["id"]
     assert await _scalar(client, "SELECT count(*) FROM kudos_holds WHERE active") == 1
+    assert await _scalar(client, "SELECT count(*) FROM queue_refusals") == 1
     job = (await client.pop(key, "w1")).json()
     await client.submit(key, job["id"], "kept for a while")
     assert await _scalar(client, "SELECT count(*) FROM generations") == 1
@@ -502,7 +505,7 @@ async def test_expiry_removes_the_request_its_results_and_its_hold(client: Horde
 
 
 async def _nothing_left_but_holds(client: HordeClient) -> None:
-    for table in ("text_requests", "request_models", "generations"):
+    for table in ("text_requests", "request_models", "generations", "queue_refusals"):
         assert await _scalar(client, f"SELECT count(*) FROM {table}") == 0, table
 
 
