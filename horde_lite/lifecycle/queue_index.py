@@ -121,8 +121,7 @@ class Limits:
 # The request columns an entry is made of.
 _SOURCE = ("id", "models", "any_model", "effective_start", "created_at", "is_chat", "max_length",
            "max_context_length", "prompt_tokens", "nsfw", "trusted_workers", "slow_workers", "targeted",
-           "worker_allow", "worker_deny", "required_features", "required_transports",
-           "failed_workers")  # fmt: skip
+           "worker_allow", "required_features", "required_transports")  # fmt: skip
 
 
 def targets(request: Mapping[str, Any], models: int) -> list[str]:
