@@ -114,13 +114,16 @@ def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
     )
 
 
+def _serving(cw: WorkerRow, rules: Rules) -> list[ColumnElement[bool]]:
+    """A worker the capable-worker question counts at all: online, not in maintenance, not paused."""
+    return [worker_online(cw, rules), not_(cw.maintenance), not_(cw.paused)]
+
+
 def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> list[ColumnElement[bool]]:
     """A worker that can finish chat request `r` inside the base lease (decision 0001)."""
     # Plain comparisons before the JSON list tests (SQLite evaluates them in this order).
     return [
-        worker_online(cw, rules),
-        not_(cw.maintenance),
-        not_(cw.paused),
+        *_serving(cw, rules),
         cw.capacity >= r.max_length,
         chat_limits_admit(cw, r),
         serves_request_models(cw, r),
@@ -156,9 +159,7 @@ def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]
     otherwise (not known)."""
     cw = _CAPABLE_WORKER
     clauses = [
-        worker_online(cw, rules),
-        not_(cw.maintenance),
-        not_(cw.paused),
+        *_serving(cw, rules),
         cw.capacity >= e.need_length,
         cw.chat_max_completion_tokens.is_not(None),
         cw.chat_max_completion_tokens >= e.need_length,
