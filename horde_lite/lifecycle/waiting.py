@@ -1,7 +1,8 @@
 """Waiting for a request while its client holds the connection: the /v1 fronts (chat completions and
 text completions) create a request through admission and then follow it here, without HTTP.
 
-The waiter reads the request in short transactions, never holding one while it waits. It wakes when
+The waiter reads the request and its jobs in one statement outside any transaction (a transaction
+only to honour a lapse), never holding one while it waits. It wakes when
 the request changes (`horde.notifier`: pop, progress, submit, lapse and cancel notify the request's
 id, in this process and, on PostgreSQL, in every process through LISTEN/NOTIFY), at its own next
 deadline (the grace, the queue timeout, the lease of the job it follows, the next keep-alive), and
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-from sqlalchemy import and_, func, select
+from sqlalchemy import and_, bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 
@@ -217,6 +218,15 @@ def _gen(g: Generation) -> _Gen:
     )
 
 
+# A request's state and cost with its real jobs, oldest first (no row: the request is gone).
+_REQUEST_AND_JOBS = (
+    select(TextRequest.state, TextRequest.failures, TextRequest.kudos_spent, Generation)
+    .outerjoin(Generation, and_(Generation.request_id == TextRequest.id, Generation.fake.is_(False)))
+    .where(TextRequest.id == bindparam("id"))
+    .order_by(Generation.popped_at)
+)
+
+
 async def eligible_worker_count(session: AsyncSession, horde: Horde, request_id: str, now: float) -> int:
     """Online workers passing the one eligibility check for the request (speed gate included)."""
     rules = horde.rules(now)
@@ -287,25 +297,23 @@ class Waiter:
         request_id = self.request.request_id
         if may_write:
             await lapse_expired(session, horde, now, request_id=request_id)
-        request = await session.get(TextRequest, request_id)
-        if request is None:
+        # One statement: outside a transaction, a submit committed between two reads would show its
+        # finished job beside the request as it stood before (its cost not yet charged).
+        rows = (await session.execute(_REQUEST_AND_JOBS, {"id": request_id})).all()
+        if not rows:
             return _Snapshot(state=None)
-        snap = _Snapshot(state=request.state, failures=request.failures, kudos_spent=request.kudos_spent)
-        rows = (
-            await session.execute(
-                select(Generation)
-                .where(Generation.request_id == request_id, Generation.fake.is_(False))
-                .order_by(Generation.popped_at)
-            )
-        ).scalars()
-        for g in rows:
+        state, failures, kudos_spent = rows[0][:3]
+        snap = _Snapshot(state=state, failures=failures, kudos_spent=kudos_spent)
+        for *_, g in rows:
+            if g is None:
+                continue
             if not may_write and lease_ran_out(g, now):
                 raise LapseSeen()
             if g.state in status_rules.FINISHED:
                 snap.finished = _gen(g)
             elif g.state == "processing":
                 snap.processing = _gen(g)
-        unassigned = snap.processing is None and snap.finished is None and request.state == "waiting"
+        unassigned = snap.processing is None and snap.finished is None and state == "waiting"
         if check_eligible and unassigned:
             snap.eligible = await eligible_worker_count(session, horde, request_id, now)
             if snap.eligible == 0:

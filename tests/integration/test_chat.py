@@ -12,8 +12,11 @@ from typing import Any
 
 import openai
 import pytest
+from sqlalchemy import event
+from sqlalchemy.util import await_only
 
 from horde_lite.clock import ManualClock
+from horde_lite.db.engine import READ_ONLY
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
 from tests.support.chat import (
@@ -125,6 +128,42 @@ async def test_non_streaming_completion(chat: Chat) -> None:
     status = (await chat.hc.status(request_id)).json()
     assert status["done"] is True
     assert status["generations"][0]["text"] == "Hello from the worker."
+
+
+async def test_a_submit_landing_while_the_client_reads_is_answered_with_its_cost(
+    db_url: str, clock: ManualClock
+) -> None:
+    """The waiter reads outside a transaction. A submit that commits right after its read of the
+    request must not show up as a finished job beside the request's cost before the charge: the
+    answer's `kudos` is what the request was charged. The real submit runs, over HTTP, at the end of
+    the waiter's first statement that reads the request (from inside the driver's call)."""
+    settings = make_settings(db_url, chat={"poll_seconds": 0.05})
+    async with open_chat(settings, clock) as chat:
+        key = await chat.hc.user("owner")
+        worker = chat.worker(key, "w1")
+        await worker.pop()
+        asking = await in_background(chat.openai().chat.completions.create(model=MODEL, messages=HI))
+        job = await worker.pop_job()
+        submitted: list[int] = []
+
+        def submit_after_the_read(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+            reading = conn.get_execution_options().get(READ_ONLY)
+            if submitted or not reading or "FROM text_requests" not in statement:
+                return
+            usage = {"prompt_tokens": 11, "completion_tokens": 2}
+            submitted.append(await_only(worker.submit(job["id"], "late", usage=usage)).status_code)
+
+        engine = chat.horde.engine.sync_engine
+        event.listen(engine, "after_cursor_execute", submit_after_the_read)
+        try:
+            answer = await settled(asking)
+        finally:
+            event.remove(engine, "after_cursor_execute", submit_after_the_read)
+        assert submitted == [200]
+        assert answer.choices[0].message.content == "late"
+        charged = (await chat.hc.status(answer.id.removeprefix("chatcmpl-"))).json()["kudos"]
+        assert charged > 0
+        assert (answer.model_extra or {})["kudos"] == charged
 
 
 async def test_default_max_tokens_when_absent(chat: Chat) -> None:
