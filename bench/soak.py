@@ -61,7 +61,7 @@ OVERRIDES: dict[str, dict[str, object]] = {
 # The drain: the longest a job can still run (a lease stretched by progress posts) plus an expiry
 # of a request no worker can take, plus the sweep and some slack.
 DRAIN_LIMIT = 30 + EXPIRY + 15
-WORKER_KINDS = ("text", "text", "chat", "chat", "streamer", "faulty", "lapser", "batcher")
+WORKER_KINDS = ("text", "text", "chat", "chat", "streamer", "faulty", "lapser", "batcher", "hostile")
 
 
 async def set_up_users(engine: AsyncEngine, owners: int, requesters: int) -> dict[str, list[str]]:

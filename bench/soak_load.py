@@ -154,18 +154,28 @@ def _rc_of(response: httpx.Response) -> str:
 class WorkerSpec:
     name: str
     key: str
-    kind: str  # text | chat | streamer | faulty | lapser | batcher
+    kind: str  # text | chat | streamer | faulty | lapser | batcher | hostile
+
+
+# A hostile worker: absurd model sizes first (a request naming no model is served under the first),
+# the largest context a worker may declare, several names (to fault requests under each), over-long
+# results, inflated usage and floods of progress posts. Its prices must stay the horde's.
+HOSTILE_MODELS = ["evil-99999999B", "evil-9000B", *MODELS]
+HOSTILE_NAMES = 3
 
 
 async def run_worker(cluster: Cluster, spec: WorkerSpec, stop: float, honest_after: float, seed: int) -> None:
     """Pop until `stop`; after `honest_after` (the drain) no more faults or lapses."""
     rng = random.Random(seed)
     declarations: dict[str, Any] = {"models": MODELS, "max_length": 1024, "max_context_length": 8192}
+    if spec.kind == "hostile":
+        declarations.update(models=HOSTILE_MODELS, max_context_length=1_048_576)
     if spec.kind != "text":
         declarations["chat"] = CHAT_BLOCK
     while time.monotonic() < stop:
         amount = rng.randint(2, 3) if spec.kind == "batcher" else 1
-        body = {"name": spec.name, "amount": amount, "bridge_agent": "soak:1:bench", **declarations}
+        name = spec.name if spec.kind != "hostile" else f"{spec.name}-{rng.randrange(HOSTILE_NAMES)}"
+        body = {"name": name, "amount": amount, "bridge_agent": "soak:1:bench", **declarations}
         response = await cluster.call("POST", "/api/v2/generate/text/pop", spec.key, body)
         if response is None or response.status_code != 200:
             await asyncio.sleep(0.5)
@@ -196,7 +206,17 @@ async def _work_one(
         return  # never submitted: the lease lapses and the job goes back to its request
     tokens = rng.randint(1, max(1, limit))
     text = "w" * (tokens * 4 - 3)  # ceil(len / 4) == tokens: within what the job allowed
-    if chat and job.get("stream"):
+    hostile = spec.kind == "hostile"
+    if hostile:
+        tokens, text = 10_000_000, "h" * (limit * 16)  # claims far more than the job allowed
+    if chat and job.get("stream") and hostile:
+        for seq in range(1, 40):  # a flood of large posts, as fast as the server answers
+            body = {"id": gen_id, "seq": seq, "delta": {"content": "f" * 65_536}}
+            response = await cluster.call("POST", "/api/v2/generate/text/progress", spec.key, body)
+            cluster.tally.progress_posts += 1
+            if response is None or response.status_code != 200 or response.json().get("cancel"):
+                break
+    elif chat and job.get("stream"):
         posts = rng.randint(1, 4)
         for seq in range(1, posts + 1):
             await asyncio.sleep(rng.uniform(0.05, 0.4))
@@ -207,7 +227,7 @@ async def _work_one(
                 break
     else:
         await asyncio.sleep(rng.uniform(0.05, 1.2 if spec.kind == "batcher" else 0.8))
-    faulted = not honest and spec.kind == "faulty" and rng.random() < 0.4
+    faulted = not honest and spec.kind in ("faulty", "hostile") and rng.random() < 0.4
     body: dict[str, Any] = {"id": gen_id, "generation": text, "state": "faulted" if faulted else "ok"}
     if rng.random() < 0.5:
         body["seed"] = rng.randint(0, 2**31)

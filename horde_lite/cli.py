@@ -24,7 +24,7 @@ from litestar.cli.commands.core import routes_command, run_command
 
 from horde_lite import __version__
 from horde_lite.demo.command import demo as demo_command
-from horde_lite.settings import Settings, SettingsError, load_settings, masked
+from horde_lite.settings import KUDOS_LIMIT, Settings, SettingsError, load_settings, masked
 from horde_lite.startup import StartupError, check_database, fail, guard_run
 from horde_lite.worker.command import worker as worker_command
 
@@ -123,7 +123,7 @@ def database_upgrade() -> None:
 
 
 class Amount(click.ParamType):
-    """A finite number of kudos; negative ones are written as they are (-5000)."""
+    """A number of kudos within the horde's bounds; negative ones are written as they are (-5000)."""
 
     name = "amount"
 
@@ -136,6 +136,8 @@ class Amount(click.ParamType):
             number = math.nan
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a number of kudos (e.g. 250, -5000, 12.5)", param, ctx)
+        if abs(number) > KUDOS_LIMIT:
+            self.fail(f"{value!r} is beyond the horde's bound of +-{KUDOS_LIMIT:g} kudos", param, ctx)
         return number
 
 
@@ -221,6 +223,11 @@ def users_kudos(name: str, amount: float, add: bool) -> None:
         user = await find_by_name(session, name)
         await session.refresh(user, with_for_update=True)  # the balance read is the one moved
         delta = amount if add else amount - user.kudos
+        if abs(user.kudos + delta) > KUDOS_LIMIT:
+            after = user.kudos + delta
+            raise click.ClickException(
+                f"{display_name(user)} would have {after:g} kudos, past +-{KUDOS_LIMIT:g}; nothing changed"
+            )
         await ledger.record(session, user.id, delta, "grant" if delta >= 0 else "debit", "cli", now)
         await session.refresh(user)
         return display_name(user), user.kudos

@@ -160,13 +160,32 @@ class AllowanceSettings(_Table):
             raise ValueError("[allowance] needs 0 <= wait_full_seconds < wait_floor_seconds")
 
 
+LARGEST_BILLION = 100_000.0  # no model is larger: a listed size above it is a typo
+# Every balance, hold and amount of kudos lies within +-KUDOS_LIMIT (the database checks it too):
+# far above any real horde's figures, far below where a float's cents stop being exact.
+KUDOS_LIMIT = 1e12
+
+
 class KudosSettings(_Table):
     anonymous_floor: float = -50
     registered_floor: float = 25
-    # Parameter count (billions) used when a model is neither listed nor named like "...-12B-...".
-    default_parameters_billion: float = 7
+    # The largest size (billions) a number in a model's name may claim ("x-99999B" is sized at
+    # this); a model meant to be priced higher is listed by the operator.
+    name_size_limit_billion: float = 13
+    # A model reference file in the AI Horde's text format ("" for none); [kudos.models] wins.
+    model_reference: str = ""
     # Parameter counts by model name, editable by the operator (`[kudos.models]` in litestar.toml).
     models: dict[str, float] = msgspec.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for floor in ("anonymous_floor", "registered_floor"):
+            if not -KUDOS_LIMIT <= getattr(self, floor) <= KUDOS_LIMIT:
+                raise ValueError(f"[kudos] {floor} must be between -{KUDOS_LIMIT:g} and {KUDOS_LIMIT:g}")
+        if not 0 < self.name_size_limit_billion <= LARGEST_BILLION:
+            raise ValueError(f"[kudos] name_size_limit_billion must be > 0 and <= {LARGEST_BILLION:g}")
+        for name, billions in self.models.items():
+            if not 0 < billions <= LARGEST_BILLION:
+                raise ValueError(f"[kudos] models: {name!r} must be > 0 and <= {LARGEST_BILLION:g}")
 
 
 class PoliciesSettings(_Table):

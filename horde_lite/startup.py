@@ -24,6 +24,7 @@ import click
 from sqlalchemy.engine import URL, make_url
 
 from horde_lite import __version__
+from horde_lite.lifecycle.prices import ModelSizes
 from horde_lite.settings import (
     CONFIG_ENV,
     Settings,
@@ -79,6 +80,10 @@ def checked_settings() -> Settings:
         load_policies(settings.policies)  # a name not installed or a bad option
     except SettingsError as e:
         raise StartupError(f"{_policy_source(str(e))}: {e}") from None
+    try:
+        ModelSizes.from_settings(settings.kudos)  # the model reference file, if one is named
+    except SettingsError as e:
+        raise StartupError(f"{settings_source()}: {e}") from None
     return settings
 
 

@@ -14,10 +14,12 @@ from litestar.exceptions import (
     TooManyRequestsException,
     ValidationException,
 )
-from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from horde_lite.api.db_errors import DRIVER_ERRORS, database_unavailable
+from horde_lite.db.bounds import BOUNDED_MARK
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.settings import KUDOS_LIMIT
 
 log = logging.getLogger("horde_lite.errors")
 
@@ -35,6 +37,7 @@ RC_STATUS: dict[str, int] = {
     "InvalidKudosTransferAmount": 400,
     "KudosTransferNotEnough": 400,
     "InvalidTargetUsername": 400,
+    "KudosLimit": 400,
     "TeamNotFound": 404,
     "MissingPrompt": 400,
     "TokenOverflow": 400,
@@ -220,7 +223,14 @@ def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> R
 
 
 def database_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """A lost or unreachable database is a 503 the client may retry; any other database error is a bug."""
+    """A lost or unreachable database is a 503 the client may retry; an amount of kudos the
+    database's bounds refuse (`db/bounds.py`) is the caller's 400; any other database error is a bug."""
+    if isinstance(exc, IntegrityError) and BOUNDED_MARK in str(exc):
+        log.warning("kudos bound refused on %s %s: %s", request.method, request.url.path, exc.orig)
+        message = (
+            f"That would take an amount or balance of kudos beyond +-{KUDOS_LIMIT:g}; nothing was changed."
+        )
+        return _respond(request, 400, "KudosLimit", message)
     if not database_unavailable(exc):
         return internal_error_handler(request, exc)
     log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)

@@ -209,6 +209,10 @@ class TextRequest(Base):
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float, index=True)
     kudos_spent: Mapped[float] = mapped_column(Float, default=0.0)
+    # The price fixed at admission (lifecycle/prices.py): the most one job may be charged, burn
+    # included, and the context tokens its jobs are rewarded at.
+    job_price: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    price_context: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
     # What was asked (max_length is what was applied); the decision itself is its admission record.
     requested_max_length: Mapped[int] = mapped_column(Integer)
     context_adjustments: Mapped[list[Any]] = mapped_column(JsonDoc, default=list)

@@ -4,6 +4,7 @@ is free, funded, downgraded or refused, and queue it (decision 0002)."""
 from __future__ import annotations
 
 import logging
+import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -22,7 +23,7 @@ from horde_lite.db.models import (
 )
 from horde_lite.db.rows import insert_rows
 from horde_lite.lifecycle import chat as chat_rules
-from horde_lite.lifecycle import kudos, queue_index
+from horde_lite.lifecycle import kudos, prices, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.errors import HordeError
@@ -339,6 +340,16 @@ def _too_long(what: str, most: int, asked: int) -> str:
     return f"online workers for {what} declare at most {most} tokens; this request asks {asked}"
 
 
+def _price(horde: Horde, row: TextRequest) -> float:
+    """Price the request as it will be queued (after any downgrade), once: its jobs' rewards and
+    charges are bounded by what it stores here. Returns the quote, what a funded request holds."""
+    prompt_tokens = row.prompt_tokens if row.is_chat else math.ceil(len(row.prompt) / 4)
+    context = prices.priced_context(row.max_context_length, prompt_tokens, row.max_length)
+    price = prices.request_price(horde.sizes, row.models, row.max_length, row.n_total, context)
+    row.job_price, row.price_context = price.job_price, price.context
+    return price.total
+
+
 def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
     """The request's row as it would be queued, not yet in the session: the estimate reads it as
     it is, and a refusal or a dry run never writes it."""
@@ -417,8 +428,8 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
             reserved = await kudos.shared_key_reserved(session, shared.key_hash)
             key_left = shared.kudos - shared.utilized - reserved
     await _too_many(session, horde, spec)
-    cost = kudos.upfront_cost(spec.max_length, spec.n, spec.models, settings.kudos)
     row = _new_row(horde, spec, now)
+    cost = _price(horde, row)
     rules = Rules.from_settings(settings, policies.speed_gate, now)
     est = await estimate(horde, queued_row(row), rules, caught_up)
     # A candidate curve is judged in shadow beside the one in force (never for a dry run).
@@ -497,7 +508,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
                 "reason": "free output allowance",
             },
         ]
-        cost = kudos.upfront_cost(applied, spec.n, spec.models, settings.kudos)
+        cost = _price(horde, row)
         warnings.append(
             {
                 "code": "Downgraded",

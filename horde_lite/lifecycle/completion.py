@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
-from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle import kudos, prices
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
@@ -105,9 +105,9 @@ async def _request_and_poster(
 
 async def load_generation_for_worker(
     session: AsyncSession, apikey: str | None, generation_id: str, horde: Horde, now: float
-) -> tuple[Generation, Worker, TextRequest]:
+) -> tuple[Generation, Worker, TextRequest, User]:
     """The job `generation_id` of one of the poster's workers (`apikey`: its owner's key), with its
-    worker and request. A job whose lease ran out by `now` is aborted and given back here, and
+    worker, request and owner. A job whose lease ran out by `now` is aborted and given back here, and
     `JobLapsed` raised; the caller commits that (the lapse is kept) and refuses the post."""
     missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
     # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation
@@ -127,7 +127,7 @@ async def load_generation_for_worker(
     if lease_ran_out(generation, now):
         await lapse(session, horde, generation, worker, request)
         raise JobLapsed()
-    return generation, worker, request
+    return generation, worker, request, user
 
 
 def require_live(generation: Generation) -> None:
@@ -141,7 +141,9 @@ def require_live(generation: Generation) -> None:
 async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: SubmitInput) -> float:
     """Store a worker's result and return its reward."""
     now = horde.clock.now()
-    generation, worker, request = await load_generation_for_worker(session, apikey, body.id, horde, now)
+    generation, worker, request, owner = await load_generation_for_worker(
+        session, apikey, body.id, horde, now
+    )
     require_live(generation)
     generation.submitted_at = now
     if body.state == "faulted":
@@ -174,7 +176,9 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
     generation.tokens = tokens
     if generation.fake:
         return 0.0
-    reward = kudos.job_reward(tokens, generation.model, request.max_context_length, horde.settings.kudos)
+    reward = prices.job_reward(
+        horde.sizes, tokens, generation.model, request.price_context, owner.trusted, request.job_price
+    )
     generation.reward = reward
     charge = await kudos.charge_job(
         session,

@@ -17,6 +17,7 @@ from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.mirror import QueueMirror
 from horde_lite.lifecycle.notify import Notifier
+from horde_lite.lifecycle.prices import ModelSizes
 from horde_lite.lifecycle.tasks import TaskSet
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import Policies
@@ -37,12 +38,16 @@ class Horde:
     _detached: TaskSet = field(default_factory=lambda: TaskSet(log), repr=False)
     # The queue and the fleet as the wait estimate reads them (made from the settings unless given).
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
+    # The horde's model sizes, which price every request (read from the settings unless given).
+    sizes: ModelSizes = field(default=None, repr=False)  # type: ignore[assignment]
 
     _turns: WriterTurns = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mirror is None:
             self.mirror = QueueMirror(self.settings)
+        if self.sizes is None:
+            self.sizes = ModelSizes.from_settings(self.settings.kudos)
         sqlite = self.engine.dialect.name == "sqlite"
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
 

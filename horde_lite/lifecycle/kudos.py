@@ -1,13 +1,10 @@
-"""Kudos: an append-only ledger, upfront holds, and upstream's text price and reward rules.
+"""Kudos: an append-only ledger and upfront holds (prices and rewards: lifecycle/prices.py).
 
 Every change of a balance is a `kudos_events` row written in the same transaction as the change it
 pays for; `users.kudos` is their sum, moved only here.
 """
 
 from __future__ import annotations
-
-import math
-import re
 
 from sqlalchemy import bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -18,49 +15,9 @@ from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, TextRequest, 
 from horde_lite.db.rows import insert_rows
 from horde_lite.settings import KudosSettings
 
-_PARAMS_IN_NAME = re.compile(r"(?<![0-9.])(\d+(?:\.\d+)?)\s*[bB](?![a-zA-Z])")
-
 
 def hold_key(request_id: str) -> str:
     return f"upfront:{request_id}"
-
-
-def parameters_billion(model: str, settings: KudosSettings) -> float | None:
-    """The model's parameter count: the operator's reference first, then a `12B` in its name."""
-    if model in settings.models:
-        return settings.models[model]
-    short = model.rsplit("/", 1)[-1]
-    if short in settings.models:
-        return settings.models[short]
-    found = _PARAMS_IN_NAME.findall(short)
-    return float(found[-1]) if found else None
-
-
-def largest_parameters(models: list[str], settings: KudosSettings) -> float | None:
-    sizes = [b for b in (parameters_billion(m, settings) for m in models) if b is not None]
-    if sizes:
-        return max(sizes)
-    return settings.default_parameters_billion if models else None
-
-
-def upfront_cost(max_length: int, n: int, models: list[str], settings: KudosSettings) -> float:
-    """Upstream's estimate: round(max_length x B / 21, 2) per job; 20 per job without models."""
-    b = largest_parameters(models, settings)
-    if b is None:
-        return 20.0 * n
-    return round(max_length * b / 21, 2) * n
-
-
-def context_multiplier(max_context_length: int) -> float:
-    value = 1.2 + 2.2 ** math.log2(max(max_context_length, 1) / 1024)
-    return min(max(value, 0.1), 30.0)
-
-
-def job_reward(tokens: int, model: str, max_context_length: int, settings: KudosSettings) -> float:
-    """What the worker's owner earns for one job; the requester pays this plus 1."""
-    b = parameters_billion(model, settings) or settings.default_parameters_billion
-    reward = tokens * (max(b, 13) / 13) ** 0.2 * b / 125 * context_multiplier(max_context_length)
-    return round(reward, 2)
 
 
 def account_floor(user: User, settings: KudosSettings) -> float:

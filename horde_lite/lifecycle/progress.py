@@ -38,7 +38,9 @@ async def record(
 ) -> ProgressAnswer:
     """Store one progress post (a lapse of this generation is honoured as it is loaded)."""
     now = horde.clock.now()
-    generation, _worker, request = await load_generation_for_worker(session, apikey, body.id, horde, now)
+    generation, _worker, request, _owner = await load_generation_for_worker(
+        session, apikey, body.id, horde, now
+    )
     require_live(generation)
     if not request.is_chat or not request.stream:
         raise HordeError(

@@ -17,6 +17,7 @@ from sqlalchemy.util import await_only
 
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import READ_ONLY
+from horde_lite.lifecycle.prices import context_multiplier
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
 from tests.support.chat import (
@@ -32,7 +33,7 @@ from tests.support.chat import (
     settled,
     text_until,
 )
-from tests.support.horde import ANON
+from tests.support.horde import ANON, quote
 from tests.support.prom import value
 
 HI = [{"role": "user", "content": "Hi there"}]
@@ -727,7 +728,9 @@ async def test_chat_dry_run_quotes_without_creating_a_request(chat: Chat) -> Non
     quote = raw.http_response.json()
     assert raw.http_response.status_code == 200
     assert quote["dry_run"] is True
-    assert quote["kudos"] == round(300 * 8 / 21, 2)
+    # Upstream's quote for an 8B model at the context the job needs (messages and max_tokens), plus the burn.
+    context = quote["prompt_tokens"] + 300
+    assert quote["kudos"] == round(300 * 8 * context_multiplier(context) / 100 + 1, 2)
     assert quote["max_tokens"] == 300
     assert quote["eligible_workers"] == 1
     assert quote["requirements"] == {"features": ["tools"], "image_transports": []}
@@ -859,7 +862,7 @@ async def test_a_funded_quote_is_not_returned_for_an_anonymous_dry_run_above_the
     }
     funded = await chat.hc.create(key, **body)
     assert funded.status_code == 200, funded.text
-    assert funded.json()["kudos"] == round(8192 * 12 / 21, 2)
+    assert funded.json()["kudos"] == quote(8192, 12, 8192 + 3)
     anonymous = await chat.hc.create(ANON, **body)
     assert anonymous.status_code == 403
     assert anonymous.json()["rc"] == "KudosUpfront"

@@ -21,7 +21,7 @@ from horde_lite.lifecycle.context import Caller
 from horde_lite.lifecycle.inputs import PopInput
 from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
 from tests.conftest import is_postgres
-from tests.support.horde import ANON, HordeClient
+from tests.support.horde import ANON, HordeClient, quote
 from tests.support.statements import statements_sent
 
 
@@ -641,8 +641,10 @@ async def test_concurrent_pops_faults_and_lapses_keep_the_job_count(db_url: str)
 
 
 async def test_concurrent_funded_requests_never_overspend(client: HordeClient) -> None:
-    # 100 kudos, a floor of 25: 75 spendable, so three holds of 20 fit and a fourth does not.
-    key = await client.user("rich", kudos=100)
+    # A floor of 25, then room for three holds of the request's price and half of a fourth. Its
+    # price: 80 tokens named no model (13B) at a context of 1 prompt token + 80.
+    price = quote(80, 13, 81)
+    key = await client.user("rich", kudos=25 + 3.5 * price)
     body = {"prompt": "p", "slow_workers": False}
     answers = await asyncio.gather(
         *(
@@ -652,7 +654,8 @@ async def test_concurrent_funded_requests_never_overspend(client: HordeClient) -
     )
     assert Counter(a.status_code for a in answers) == {202: 3, 403: 3}
     assert {a.json()["rc"] for a in answers if a.status_code == 403} == {"KudosUpfront"}
-    assert await _rows(client, "SELECT sum(remaining) FROM kudos_holds WHERE active") == [(60.0,)]
+    [(held,)] = await _rows(client, "SELECT sum(remaining) FROM kudos_holds WHERE active")
+    assert held == pytest.approx(3 * price)
 
 
 async def test_users_paying_each_other_concurrently(client: HordeClient) -> None:

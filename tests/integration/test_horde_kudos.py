@@ -27,8 +27,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.lifecycle.kudos import job_reward, upfront_cost
-from horde_lite.settings import KudosSettings
+from horde_lite.lifecycle.prices import context_multiplier
 from tests.support.horde import ANON, HordeClient
 from tests.support.statements import statements_sent
 
@@ -126,8 +125,11 @@ async def test_requester_pays_reward_plus_one_and_the_owner_earns_the_reward(cli
     request_id = (await client.create(requester, models=["Rocinante-X-12B-v1"], params=params)).json()["id"]
     job = (await client.pop(owner, "w1", models=["Rocinante-X-12B-v1"], max_context_length=8192)).json()
     reward = (await client.submit(owner, job["id"], "y" * 399)).json()["reward"]  # ceil(399/4) = 100 tokens
-    assert reward == job_reward(100, "Rocinante-X-12B-v1", 4096, KudosSettings())
-    assert reward == pytest.approx(round(100 * 12 / 125 * (1.2 + 2.2**2), 2))
+    assert reward == await client.expected_reward(request_id, 100, "Rocinante-X-12B-v1")
+    # Priced at the context the job needs: the prompt (ceil(12 / 4) = 3 tokens) and max_length 200,
+    # not the 4096 the request declared.
+    assert await client.price(request_id) == (round(200 * 12 * context_multiplier(203) / 100 + 1, 2), 203)
+    assert reward == pytest.approx(round(100 * 12 / 125 * context_multiplier(203), 2))
     assert await client.balance("owner") == pytest.approx(10 + reward)
     assert await client.balance("requester") == pytest.approx(1000 - reward - 1)
     assert (await client.status(request_id)).json()["kudos"] == pytest.approx(reward + 1)
@@ -168,7 +170,9 @@ async def test_hold_is_placed_consumed_and_released_on_completion(client: HordeC
     created = await client.create(rich, **body)
     assert created.status_code == 202, created.text
     request_id = created.json()["id"]
-    cost = upfront_cost(100, 2, ["m-12B"], KudosSettings())
+    job_price, context = await client.price(request_id)
+    cost = round(2 * job_price, 2)
+    assert job_price == round(100 * 12 * context_multiplier(context) / 100 + 1, 2)
     assert created.json()["kudos"] == pytest.approx(cost)
     assert await _holds(client) == [(f"upfront:{request_id}", request_id, cost, cost, True)]
     # The hold is a reservation: the balance is untouched until jobs are charged.
@@ -198,11 +202,13 @@ async def test_one_hold_per_request(client: HordeClient) -> None:
 
 
 async def test_holds_limit_what_can_be_funded(client: HordeClient) -> None:
-    # 100 kudos, registered floor 25: 75 spendable; holds of 20 each (no models).
-    rich = await client.user("rich", kudos=100)
+    # Registered floor 25, then room for three holds of the request's price and half of a fourth.
+    quoter = await client.user("quoter", kudos=1000)
+    price = (await client.create(quoter, slow_workers=False, dry_run=True)).json()["kudos"]
+    rich = await client.user("rich", kudos=25 + 3.5 * price)
     codes = [(await client.create(rich, slow_workers=False)).status_code for _ in range(4)]
     assert codes == [202, 202, 202, 403]
-    assert sum(h[3] for h in await _holds(client)) == 60
+    assert sum(h[3] for h in await _holds(client)) == pytest.approx(3 * price)
 
 
 async def test_hold_released_on_cancel_once_running_jobs_end(client: HordeClient) -> None:
@@ -412,14 +418,17 @@ async def test_the_operators_model_reference_prices_and_rewards(db_url: str) -> 
         quote = await client.create(
             rich, models=["house-model"], params={"max_length": 70, "n": 2}, dry_run=True
         )
-        assert quote.json()["kudos"] == pytest.approx(round(70 * 30 / 21, 2) * 2)  # 100 x 2
+        # Upstream's quote at the context the job needs (a 3-token prompt and max_length), plus the burn.
+        job_price = round(70 * (30 / 13) ** 0.2 * 30 * context_multiplier(73) / 100 + 1, 2)
+        assert quote.json()["kudos"] == pytest.approx(round(job_price * 2, 2))
         listed = await client.create(rich, models=["Rocinante-X-12B-v1"], dry_run=True)
-        assert listed.json()["kudos"] == pytest.approx(round(80 * 6 / 21, 2))  # the reference beats the name
+        # The reference beats the name.
+        assert listed.json()["kudos"] == pytest.approx(round(80 * 6 * context_multiplier(83) / 100 + 1, 2))
         # 500 characters are 125 tokens, within the job's max_length (a reward counts no more).
         await client.create(
             rich, models=["house-model"], params={"max_length": 200, "max_context_length": 1024}
         )
         job = (await client.pop(owner, "w1", models=["house-model"])).json()
         reward = (await client.submit(owner, job["id"], "x" * 500)).json()["reward"]
-        assert reward == pytest.approx(round(125 * (30 / 13) ** 0.2 * 30 / 125 * 2.2, 2))
+        assert reward == pytest.approx(round(125 * (30 / 13) ** 0.2 * 30 / 125 * context_multiplier(203), 2))
         await reconcile(client)

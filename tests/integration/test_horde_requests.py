@@ -9,7 +9,6 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
-import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
@@ -17,6 +16,7 @@ from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
+from tests.support.horde import quote as quote_of
 
 STATUS_FIELDS = {
     "finished", "processing", "restarted", "waiting", "done", "faulted", "wait_time",
@@ -310,11 +310,12 @@ async def test_dry_run_returns_a_quote_and_keeps_nothing(client: HordeClient) ->
     quote = await client.create(rich, models=["Rocinante-X-12B-v1"], params={"max_length": 80, "n": 2},
                                 dry_run=True)  # fmt: skip
     assert quote.status_code == 200, quote.text
-    assert quote.json()["kudos"] == pytest.approx(91.42)
+    # 80 tokens of a 12B model at the context they need ("Hello there." is 3 tokens), two jobs.
+    assert quote.json()["kudos"] == quote_of(80, 12, 83, n=2)
     assert "id" not in quote.json()
     funded = await client.create(rich, slow_workers=False, dry_run=True)
     assert funded.status_code == 200
-    assert funded.json()["kudos"] == 20
+    assert funded.json()["kudos"] == quote_of(80, 13, 83)  # no model: priced as 13B
     await _nothing_left(client)
     assert await client.balance("rich") == 1000
 

@@ -145,41 +145,48 @@ async def test_shared_key_as_requester_charges_the_owner(client: HordeClient) ->
 
 async def test_shared_key_budget_runs_empty(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=1000)
-    key = (await _make(client, owner, kudos=40))["id"]
-    # A free request must fit the key's budget at its estimate: 64 tokens of a 12B model, 36.57.
-    created = await client.create(key, models=["m-12B"], params={"max_length": 64})
+    body = {"models": ["m-12B"], "params": {"max_length": 64}}
+    price = (await client.create(owner, dry_run=True, **body)).json()["kudos"]
+    key = (await _make(client, owner, kudos=round(1.5 * price, 2)))["id"]
+    # A free request must fit the key's budget at its price.
+    created = await client.create(key, **body)
     assert created.status_code == 202, created.text
-    await _serve(client, created.json()["id"], "x" * 200)  # 50 tokens: reward 16.32, charge 17.32
+    await _serve(client, created.json()["id"], "x" * 200)  # 50 tokens
+    charge = round(await client.expected_reward(created.json()["id"], 50, "m-12B") + 1, 2)
     shown = (await client.http.get(f"/api/v2/sharedkeys/{key}")).json()
-    assert shown["utilized"] == 17.32
-    short = await client.create(key, models=["m-12B"], params={"max_length": 64})
+    assert shown["utilized"] == charge
+    short = await client.create(key, **body)
     assert short.status_code == 403
-    assert short.json()["rc"] == "SharedKeyInsufficientKudos"  # 22.68 left
-    await client.http.patch(f"/api/v2/sharedkeys/{key}", json={"kudos": 17}, headers={"apikey": owner})
-    empty = await client.create(key, models=["m-12B"], params={"max_length": 64})
+    assert short.json()["rc"] == "SharedKeyInsufficientKudos"  # 1.5 prices less the charge left
+    await client.http.patch(f"/api/v2/sharedkeys/{key}", json={"kudos": charge}, headers={"apikey": owner})
+    empty = await client.create(key, **body)
     assert empty.status_code == 403
     assert empty.json()["rc"] == "SharedKeyEmpty"
     # Raising the budget revives it.
     await client.http.patch(f"/api/v2/sharedkeys/{key}", json={"kudos": -1}, headers={"apikey": owner})
-    assert (await client.create(key, models=["m-12B"], params={"max_length": 64})).status_code == 202
+    assert (await client.create(key, **body)).status_code == 202
 
 
 async def test_shared_key_budget_limits_a_funded_request(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=10_000)
-    key = (await _make(client, owner, kudos=30))["id"]
-    # slow_workers: false always needs a hold; 80 tokens of a 12B model cost 45.71 > 30.
+    # slow_workers: false always needs a hold, at the request's price.
     body = {"models": ["m-12B"], "slow_workers": False, "params": {"max_length": 80}}
+    price = (await client.create(owner, dry_run=True, **body)).json()["kudos"]
+    budget = round(price - 1, 2)
+    key = (await _make(client, owner, kudos=budget))["id"]
     refused = await client.create(key, **body)
     assert refused.status_code == 403
     assert refused.json()["rc"] == "SharedKeyInsufficientKudos"
-    assert "30" in refused.json()["message"]
+    assert f"{budget:g}" in refused.json()["message"]
     # The owner's own key can pay for the same request.
     assert (await client.create(owner, **body)).status_code == 202
-    # 40 tokens cost 22.86, within the key's budget.
-    funded = await client.create(key, **{**body, "params": {"max_length": 40}})
+    # Half the tokens cost less, within the key's budget.
+    half = {**body, "params": {"max_length": 40}}
+    half_price = (await client.create(owner, dry_run=True, **half)).json()["kudos"]
+    funded = await client.create(key, **half)
     assert funded.status_code == 202, funded.text
     holds = await _rows(client, "SELECT key, amount, active FROM kudos_holds ORDER BY amount")
-    assert holds[0] == (f"upfront:{funded.json()['id']}", 22.86, True)
+    assert holds[0] == (f"upfront:{funded.json()['id']}", half_price, True)
 
 
 async def test_shared_key_expiry(client: HordeClient) -> None:

@@ -14,7 +14,6 @@ from typing import Any
 
 from sqlalchemy import text
 
-from horde_lite.lifecycle import kudos
 from tests.integration.test_horde_jobs import _post_blocking, concurrently
 from tests.support.horde import ANON, HordeClient
 
@@ -38,7 +37,7 @@ async def test_an_over_long_text_is_kept_but_counted_at_max_length(client: Horde
     client.clock.advance(10)
     submitted = await client.submit(owner, job["id"], "x" * 1_000_000)
     assert submitted.status_code == 200, submitted.text
-    expected = kudos.job_reward(16, MODEL, 2048, client.horde.settings.kudos)
+    expected = await client.expected_reward(created["id"], 16, MODEL)
     assert submitted.json()["reward"] == expected
     [(tokens, length)] = await rows(client, "SELECT tokens, length(text) FROM generations")
     assert (tokens, length) == (16, 1_000_000)
@@ -58,8 +57,7 @@ async def test_reported_usage_above_max_tokens_is_not_believed(client: HordeClie
         owner, job["id"], "", chat={"message": {"role": "assistant", "content": "hi"}, "usage": usage}
     )
     assert submitted.status_code == 200, submitted.text
-    [(context,)] = await rows(client, "SELECT max_context_length FROM text_requests")
-    assert submitted.json()["reward"] == kudos.job_reward(64, MODEL, context, client.horde.settings.kudos)
+    assert submitted.json()["reward"] == await client.expected_reward(created["id"], 64, MODEL)
     [generation] = (await client.status(created["id"])).json()["generations"]
     assert generation["chat"]["usage"] == {"prompt_tokens": 3, "completion_tokens": 64, "total_tokens": 67}
     worker = (await client.http.get("/api/v2/workers")).json()[0]
@@ -135,15 +133,23 @@ async def _shared_key(client: HordeClient, owner: str, budget: float) -> str:
     return made.json()["id"]
 
 
+async def _quote(client: HordeClient, key: str, **body: object) -> float:
+    """What a request would hold: its dry run's quote."""
+    quoted = await client.create(key, dry_run=True, **body)
+    assert quoted.status_code == 200, quoted.text
+    return float(quoted.json()["kudos"])
+
+
 async def test_free_requests_through_a_shared_key_fit_its_budget(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=1000)
-    key = await _shared_key(client, owner, 5)
-    refused = await client.create(key)  # free by the allowance, but 20 kudos does not fit in 5
+    price = await _quote(client, owner)
+    key = await _shared_key(client, owner, round(price / 2, 2))
+    refused = await client.create(key)  # free by the allowance, but its price does not fit
     assert refused.status_code == 403, refused.text
     assert refused.json()["rc"] == "SharedKeyInsufficientKudos"
-    key = await _shared_key(client, owner, 50)
-    assert (await client.create(key)).status_code == 202  # reserves 20 of 50
-    assert (await client.create(key)).status_code == 202  # 40 of 50
+    key = await _shared_key(client, owner, round(2.5 * price, 2))
+    assert (await client.create(key)).status_code == 202  # reserves 1 price of 2.5
+    assert (await client.create(key)).status_code == 202  # 2 of 2.5
     third = await client.create(key)
     assert third.status_code == 403, third.text
     assert await rows(client, "SELECT count(*) FROM kudos_holds WHERE active AND NOT reserves_user") == [(2,)]
@@ -151,7 +157,7 @@ async def test_free_requests_through_a_shared_key_fit_its_budget(client: HordeCl
 
 async def test_concurrent_free_requests_through_one_key_never_overspend(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=1000)
-    key = await _shared_key(client, owner, 50)
+    key = await _shared_key(client, owner, round(2.5 * await _quote(client, owner, prompt="p"), 2))
     answers = await asyncio.gather(
         *(
             asyncio.to_thread(_post_blocking, client, "/api/v2/generate/text/async", key, {"prompt": "p"})
@@ -164,14 +170,16 @@ async def test_concurrent_free_requests_through_one_key_never_overspend(client: 
 async def test_a_finished_free_request_releases_the_keys_reservation(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=1000)
     worker = await client.user("worker")
-    key = await _shared_key(client, owner, 25)
+    price = await _quote(client, owner, params={"max_length": 16})
+    # Room for one request, and for another once the first is charged its 2 tokens and released.
+    key = await _shared_key(client, owner, round(1.9 * price, 2))
     created = await client.create(key, params={"max_length": 16})
     assert created.status_code == 202, created.text
     assert (await client.create(key, params={"max_length": 16})).json()["rc"] == "SharedKeyInsufficientKudos"
     job = (await client.pop(worker, "w1")).json()
     assert (await client.submit(worker, job["id"], "x" * 8)).status_code == 200
     assert await rows(client, "SELECT count(*) FROM kudos_holds WHERE active") == [(0,)]
-    assert (await client.create(key, params={"max_length": 16})).status_code == 202  # 25 - ~3 charged
+    assert (await client.create(key, params={"max_length": 16})).status_code == 202  # less the charge
 
 
 async def test_the_free_allowance_counts_every_job_of_a_request(client: HordeClient) -> None:

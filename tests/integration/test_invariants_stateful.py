@@ -65,6 +65,19 @@ WORKERS = {  # name -> (owner, pop body)
         "alice",
         {"models": [MODEL], "max_length": 4096, "max_context_length": 8192, "chat": CHAT_BLOCK},
     ),
+    # A hostile owner: absurd model sizes first (a request naming no model is served under one),
+    # the largest context a worker may declare, and several names to fault requests with.
+    **{
+        name: (
+            "mallory",
+            {
+                "models": ["evil-9000B", "evil-99999999B", MODEL],
+                "max_length": 4096,
+                "max_context_length": 1_048_576,
+            },
+        )
+        for name in ("w-evil-1", "w-evil-2", "w-evil-3")
+    },
 }
 
 
@@ -114,6 +127,7 @@ class HordeMachine(RuleBasedStateMachine):
         keys["alice"] = await hc.user("alice", kudos=5_000)
         keys["bob"] = await hc.user("bob", kudos=30)  # just above the registered floor: can fund nothing
         keys["olga"] = await hc.user("olga")
+        keys["mallory"] = await hc.user("mallory")
         shared = await self.chat.http.post(
             "/api/v2/sharedkeys", json={"kudos": 60, "name": "budget"}, headers={"apikey": keys["alice"]}
         )

@@ -3,6 +3,7 @@ operator's CLI would (users, kudos) through the same lifecycle functions."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import httpx
@@ -10,14 +11,22 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import select, update
 
 from horde_lite.clock import ManualClock
-from horde_lite.db.models import User, Worker
+from horde_lite.db.models import TextRequest, User, Worker
 from horde_lite.lifecycle import kudos as ledger
-from horde_lite.lifecycle import lease
+from horde_lite.lifecycle import lease, prices
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.users import create_user
 from horde_lite.lifecycle.workers import capacity_for
 
 ANON = "0000000000"
+
+
+def quote(max_length: int, billions: float, context: int, n: int = 1) -> float:
+    """A request's price as documented (docs/reference/horde_api.md, "Kudos"), written out here
+    independently of lifecycle/prices.py: upstream's quote plus the burn of 1, per job, times n."""
+    multiplier = min(max(1.2 + 2.2 ** math.log2(context / 1024), 0.1), 30.0)
+    bonus = (max(billions, 13) / 13) ** 0.2
+    return round(round(max_length * bonus * billions * multiplier / 100 + 1, 2) * n, 2)
 
 
 class HordeClient:
@@ -61,6 +70,21 @@ class HordeClient:
         async with self.horde.sessionmaker() as session:
             user = (await session.execute(select(User).where(User.username == name))).scalar_one()
             return user.kudos
+
+    async def price(self, request_id: str) -> tuple[float, int]:
+        """The request's price as admission fixed it: (the most one job may be charged, the
+        context tokens its jobs are rewarded at)."""
+        async with self.horde.sessionmaker() as session:
+            priced = select(TextRequest.job_price, TextRequest.price_context)
+            job_price, context = (await session.execute(priced.where(TextRequest.id == request_id))).one()
+            return job_price, context
+
+    async def expected_reward(
+        self, request_id: str, tokens: int, model: str, *, owner_trusted: bool = False
+    ) -> float:
+        """What prices.job_reward pays for a job of the request, as the submit computes it."""
+        job_price, context = await self.price(request_id)
+        return prices.job_reward(self.horde.sizes, tokens, model, context, owner_trusted, job_price)
 
     async def sweep(self) -> tuple[int, int]:
         return await lease.sweep(self.horde)

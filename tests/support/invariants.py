@@ -13,6 +13,9 @@ the drain). Each check reads committed rows only, so it must hold between any tw
   agree with their events, and nothing but a stored non-fake result is paid;
 - kudos are conserved: charges paid = rewards earned + 1 per job, and the balances sum to the
   operator's grants minus those burns;
+- the price is the horde's: no job is charged more than its request's `job_price` (fixed at
+  admission), so no request is charged more than its quote, whatever its workers declared;
+- every balance, hold, price and amount is finite and within +-KUDOS_LIMIT;
 - the queue's index holds exactly the waiting requests, each under its models (or "" for any);
 - each request refuses by name (`queue_refusals`) exactly its deny-list's and its failed workers;
 - after a drain (`drained=True`): every request is final and no job is running.
@@ -45,6 +48,7 @@ from horde_lite.db.models import (
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.mirror import QueueMirror
 from horde_lite.lifecycle.queue_index import TARGET_ENTRIES, TARGET_LENGTH
+from horde_lite.settings import KUDOS_LIMIT
 
 FINISHED = ("ok", "censored")
 JOB_KINDS = ("reward", "charge")
@@ -106,6 +110,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                     TextRequest.required_features,
                     TextRequest.required_transports,
                     TextRequest.failed_workers,
+                    TextRequest.job_price,
                 )
             )
         ).all()
@@ -122,13 +127,26 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                 )
             )
         ).all()
-        shared = (await conn.execute(select(SharedKey.key_hash, SharedKey.utilized))).all()
+        shared = (await conn.execute(select(SharedKey.key_hash, SharedKey.utilized, SharedKey.kudos))).all()
         await conn.rollback()
 
     found: dict[str, list[str]] = defaultdict(list)
 
     def bad(invariant: str, message: str) -> None:
         found[invariant].append(message)
+
+    # --- every amount finite and bounded -------------------------------------------------------------
+    amounts = [
+        *((f"user {u.username} balance", u.kudos) for u in users),
+        *((f"ledger event {e.kind} {e.ref}", e.amount) for e in events),
+        *((f"hold {h.key}", x) for h in holds for x in (h.amount, h.remaining)),
+        *((f"request {r.id}", x) for r in requests for x in (r.kudos_spent, r.job_price)),
+        *((f"generation {g.id} reward", g.reward) for g in generations),
+        *((f"shared key {k.key_hash[:8]}", x) for k in shared for x in (k.utilized, k.kudos)),
+    ]
+    for what, amount in amounts:
+        if not (math.isfinite(amount) and abs(amount) <= KUDOS_LIMIT):
+            bad("every amount finite and bounded", f"{what}: {amount!r}")
 
     # --- balances and the ledger ------------------------------------------------------------------
     ledger: dict[int, float] = defaultdict(float)
@@ -245,6 +263,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
         if not _close(charge[0], -round(reward[0] + 1, 2)):
             bad("kudos paid == earned + burns", f"generation {ref}: reward {reward[0]}, charge {charge[0]}")
     spent: dict[str, float] = defaultdict(float)
+    price_of = {r.id: r.job_price for r in requests}
     for g in generations:
         kinds = paid.get(g.id)
         stored = g.state in FINISHED and not g.fake
@@ -259,6 +278,10 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             )
         if kinds is not None and kinds.get("charge"):
             spent[g.request_id] -= kinds["charge"][0]
+            price = price_of.get(g.request_id)
+            if price is not None and -kinds["charge"][0] > price + TOLERANCE:
+                bad("no charge above its job's share of the quote", f"generation {g.id}: charged "
+                    f"{-kinds['charge'][0]}, its request's job price {price}")  # fmt: skip
     for r in requests:
         if not _close(r.kudos_spent, spent.get(r.id, 0.0), TOLERANCE * (1 + r.n_total)):
             bad(

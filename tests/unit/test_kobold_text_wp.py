@@ -34,9 +34,10 @@ from plugins.allowance_horde_queue import HordeQueue
 from plugins.allowance_jobs_per_thread import JobsPerThread
 from tests.conftest import make_settings
 from tests.support import prom
-from tests.support.horde import ANON, HordeClient
+from tests.support.horde import ANON, HordeClient, quote
+from tests.support.horde import quote as price_of
 
-MODEL = "Rocinante-X-12B-v1"  # read as 12B: 600 tokens cost 342.86 kudos upfront
+MODEL = "Rocinante-X-12B-v1"  # read as 12B
 BIG = {"max_length": 16384, "max_context_length": 16384}
 DECISIONS = "horde_text_free_allowance_decisions_total"
 EST_WAIT = "horde_text_free_allowance_estimated_wait_seconds"
@@ -309,14 +310,14 @@ async def test_funded_request_holds_its_estimate_keyed_by_request(client: HordeC
     assert hold is not None
     assert hold.key == f"upfront:{request_id}"
     assert hold.active is True
-    assert hold.amount == pytest.approx(round(5000 * 12 / 21, 2))
+    assert hold.amount == quote(5000, 12, 5003)  # "Hello there." is 3 tokens
     assert created.json()["kudos"] == pytest.approx(hold.amount)
     assert len(await holds(client)) == 1
 
 
 async def test_over_the_allowance_without_kudos_is_refused_with_the_allowance(client: HordeClient) -> None:
     owner = await client.user("owner")
-    poor = await client.user("poor", kudos=100)  # spendable 75: far from 2857 kudos
+    poor = await client.user("poor", kudos=100)  # spendable 75: far from the request's price
     await online_worker(client, owner, "only")
     for key in (ANON, poor):
         refused = await client.create(
@@ -326,7 +327,7 @@ async def test_over_the_allowance_without_kudos_is_refused_with_the_allowance(cl
         assert refused.json()["rc"] == "KudosUpfront"
         message = refused.json()["message"]
         assert "the free output allowance for this request is 4096 tokens and it asks 5000" in message
-        assert "2857.14 kudos" in message
+        assert f"{quote(5000, 12, 5003):.2f} kudos" in message
     assert await request_rows(client) == []
     assert await holds(client) == []
 
@@ -412,7 +413,7 @@ async def test_slow_workers_false_always_holds_kudos(client: HordeClient) -> Non
     assert created.status_code == 202, created.text
     hold = await hold_of(client, created.json()["id"])
     assert hold is not None
-    assert hold.amount == pytest.approx(round(100 * 12 / 21, 2))
+    assert hold.amount == quote(100, 12, 103)
     for key in (ANON, poor):
         refused = await client.create(key, models=[MODEL], params={"max_length": 100}, slow_workers=False)
         assert refused.status_code == 403, refused.text
@@ -540,7 +541,7 @@ async def test_a_funded_quote_is_never_served_to_an_anonymous_dry_run(client: Ho
     params = {"max_length": 5000, "max_context_length": 8192}
     quote = await client.create(payer, models=[MODEL], params=params, dry_run=True)
     assert quote.status_code == 200, quote.text
-    assert quote.json() == {"kudos": pytest.approx(round(5000 * 12 / 21, 2)), "max_length": 5000}
+    assert quote.json() == {"kudos": price_of(5000, 12, 5003), "max_length": 5000}
     anonymous = await client.create(ANON, models=[MODEL], params=params, dry_run=True)
     assert anonymous.status_code == 403
     assert anonymous.json()["rc"] == "KudosUpfront"
