@@ -19,10 +19,10 @@ from litestar.params import FromPath
 from litestar.plugins import InitPluginProtocol
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
-from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from horde_lite.api.deps import HordeDep, apikey_of
+from horde_lite.api.static_files import static_files_router
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
 from horde_lite.lifecycle import dashboard
 from horde_lite.lifecycle.context import Horde
@@ -152,7 +152,7 @@ router = Router(
         panel,
         login,
         logout,
-        create_static_files_router(path="/static", directories=[STATIC], name="dashboard_static"),
+        static_files_router("/static", STATIC, "dashboard_static"),
     ],
     include_in_schema=False,
 )
