@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,7 +23,6 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from bench.soak_servers import LOOPBACK, free_port, server_command, server_env
 from horde_lite.dashboard.render import PANELS
 from horde_lite.db.models import User
 from horde_lite.demo.server import make_users
@@ -32,11 +30,11 @@ from horde_lite.lifecycle.users import set_flags
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
+from tests.support.server import served as running_server
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test/dash-7B"
 COOKIE = "horde_lite_dashboard"
-START_TIMEOUT = 60.0
 
 
 # --- the guard and the fragments, in process ---------------------------------------------------------
@@ -170,33 +168,8 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
         "database": {"null_pool": True},
         "policies": CANDIDATES,
     }
-    port = free_port()
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            server_command(port), cwd=tmp_path, env=server_env(db_url, overrides), stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    base = f"http://{LOOPBACK}:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/api/v2/status/heartbeat", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not start: {log.read_text()[-3000:]}"
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    with running_server(db_url, overrides, tmp_path) as server:
+        yield server.base
 
 
 async def _traffic(base: str, db_url: str) -> None:
