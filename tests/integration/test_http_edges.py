@@ -17,6 +17,7 @@ import asyncpg
 import httpx
 import pytest
 from litestar import Litestar
+from litestar.routes import HTTPRoute
 from litestar.testing import AsyncTestClient
 from sqlalchemy.engine import make_url
 
@@ -392,3 +393,28 @@ async def test_a_shared_key_never_reaches_the_access_log_in_clear(db_url: str, t
         for token in (shared, shared.upper(), shared[1:], shared.upper()[1:]):
             assert token not in line, line
         assert hidden not in re.sub(r"[^0-9a-f]", "", line.lower().replace("%", "")), line
+
+
+async def test_options_allows_every_method_of_every_path(client: HordeClient) -> None:
+    """Every route of the app, several handlers on one path included (GET, PATCH and DELETE on a
+    shared key): `Allow` lists what the path's handlers serve, as the 405 answer does."""
+    walked = 0
+    for route in client.http.app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        expected = {m for handler in route.route_handlers for m in handler.http_methods} | {"OPTIONS"}
+        path = re.sub(r"\{[^}]+\}", "x", route.path)
+        answer = await client.http.options(path)
+        assert answer.status_code == 204, (path, answer.status_code, answer.text)
+        assert {m.strip() for m in answer.headers["allow"].split(",")} == expected, (
+            route.path,
+            answer.headers,
+        )
+        walked += 1
+        if "GET" not in expected:  # a method the path lacks: its 405 names the same methods
+            refused = await client.http.get(path)
+            if refused.status_code == 405:
+                assert {m.strip() for m in refused.headers["allow"].split(",")} == expected, route.path
+    assert walked >= 30, walked
+    shared = await client.http.options("/api/v2/sharedkeys/x")
+    assert {"GET", "PATCH", "DELETE"} <= set(shared.headers["allow"].replace(" ", "").split(","))
