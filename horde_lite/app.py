@@ -11,6 +11,7 @@ import logging
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 
+from horde_lite.api.allow import AllowEveryMethod
 from horde_lite.api.dashboard import DashboardPlugin
 from horde_lite.api.logfilter import logging_config
 from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
@@ -45,7 +46,7 @@ def create_app(
             DashboardPlugin(),  # /dashboard (docs/reference/dashboard.md)
         ],
         route_handlers=[*docs_routes(), *operator_routes],
-        middleware=rate_limit_middleware(settings.ratelimit),
+        middleware=[AllowEveryMethod(), *rate_limit_middleware(settings.ratelimit)],
         cors_config=cors_config(settings.http),
         logging_config=logging_config(
             root={"level": logging.getLevelName(logging.INFO), "handlers": ["queue_listener"]},

@@ -103,6 +103,10 @@ def _policy_source(message: str) -> str:
 def check_port(host: str, port: int) -> None:
     """Bind (as uvicorn will, with SO_REUSEADDR) and let go: a port in use fails here, before the
     database is touched, instead of after migrations ran."""
+    if not 1 <= port <= 65535:
+        # The resolver takes the port modulo 65536 (99999 listens on 34463) and 0 picks any free
+        # port: either way the server would answer somewhere the operator did not ask for.
+        raise StartupError(f"--port {port}: not a TCP port; choose one from 1 to 65535")
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as e:

@@ -19,10 +19,10 @@ from litestar.params import FromPath
 from litestar.plugins import InitPluginProtocol
 from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
-from litestar.static_files import create_static_files_router
 from litestar.template.config import TemplateConfig
 
 from horde_lite.api.deps import HordeDep, apikey_of
+from horde_lite.api.static_files import static_files_router
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
 from horde_lite.lifecycle import dashboard
 from horde_lite.lifecycle.context import Horde
@@ -30,13 +30,15 @@ from horde_lite.lifecycle.errors import HordeError
 
 COOKIE = "horde_lite_dashboard"
 PATH = "/dashboard"
-# No framing, no referrer, nothing cached, and only the app's own script and styles.
+# No framing, nothing cached, only the app's own script and styles, and no referrer to another
+# origin. `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null` with
+# the sign-in form's POST, which the origin check below must refuse (decision 0064).
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Frame-Options": "DENY",
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",
     "Cache-Control": "no-store",
 }
 
@@ -80,7 +82,9 @@ def _login(who: Access) -> Template:
 
 
 def _same_origin(request: Request[Any, Any, Any]) -> bool:
-    """A form post from this site (SameSite cookies aside, refuse another origin's posts outright)."""
+    """A form post from this site (SameSite cookies aside, refuse another origin's posts outright).
+    `Origin: null` (a sandboxed frame, a privacy-stripped origin) is refused: it proves nothing. No
+    `Origin` at all is a client that is not a browser, which a forged cross-site post cannot be."""
     origin = request.headers.get("origin")
     if not origin or origin == "null":
         return origin is None
@@ -152,7 +156,7 @@ router = Router(
         panel,
         login,
         logout,
-        create_static_files_router(path="/static", directories=[STATIC], name="dashboard_static"),
+        static_files_router("/static", STATIC, "dashboard_static"),
     ],
     include_in_schema=False,
 )

@@ -17,9 +17,21 @@ from litestar.logging.config import default_handlers
 
 MASK = "***"
 
+
+def _any_spelling(word: str) -> str:
+    """`word` with any of its letters percent-encoded (`%73haredkeys`): the router decodes the path
+    before matching it, while uvicorn's access log shows the path as it was sent."""
+    return "".join(f"(?:{re.escape(c)}|%{ord(c):02x})" for c in word)
+
+
 _PATTERNS: tuple[tuple[re.Pattern[str], str], ...] = (
-    # A shared key (a UUID) or any other key in a /sharedkeys/ path, up to the next separator.
-    (re.compile(r"(/sharedkeys/)[^/\s?#\"']+", re.IGNORECASE), rf"\g<1>{MASK}"),
+    # Everything after "sharedkeys" in a path, up to the query or the end of the path: the router
+    # reaches the key's routes through doubled slashes, a trailing slash, an encoded slash or
+    # encoded letters, so the key is not always the segment right after "/sharedkeys/".
+    (
+        re.compile(rf"({_any_spelling('sharedkeys')})(?=[/\\%])[^\s?#\"']+", re.IGNORECASE),
+        rf"\g<1>/{MASK}",
+    ),
     # Header or query values: `apikey: K`, `'apikey': 'K'`, `(b'apikey', b'K')`, `apikey=K`,
     # `Authorization: Bearer K`.
     (

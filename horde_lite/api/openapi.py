@@ -24,10 +24,10 @@ from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
-from litestar.static_files import create_static_files_router
 
 from horde_lite import __version__
 from horde_lite.api.errors import OPENAI_CODES, RC_STATUS, HordeErrorBody, OpenAIErrorBody
+from horde_lite.api.static_files import static_files_router
 
 ASSETS_PATH = "/api/docs-assets"
 ASSETS_DIR = Path(litestar_offline_docs.__file__).parent / "static"
@@ -83,7 +83,7 @@ def docs_page(request: Request[Any, Any, Any]) -> bytes:
 
 
 def docs_routes() -> list[Any]:
-    assets = create_static_files_router(path=ASSETS_PATH, directories=[ASSETS_DIR], name="docs_assets")
+    assets = static_files_router(ASSETS_PATH, ASSETS_DIR, "docs_assets")
     return [swagger_json, docs_page, assets]
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,9 @@ KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
 # --- who may look: moderators, by key or by a signed session ----------------------------------------
 
 SESSION_SECONDS = 12 * 3600
+# What session_token writes, and nothing else: ASCII digits only (int() also reads other scripts'
+# digits), bounded lengths (int() refuses strings beyond Python's digit limit), a hex SHA-256.
+_SESSION = re.compile(r"([0-9]{1,10})\.([0-9]{1,12})\.([0-9a-f]{64})")
 
 
 def _signature(user: User, expires: int) -> str:
@@ -92,19 +96,17 @@ def session_token(user: User, now: float) -> str:
 async def session_moderator(horde: Horde, token: str | None) -> User | None:
     """The moderator a session token names, if it is well formed, unexpired, correctly signed
     with the user's current key hash, and the user is still a moderator; None otherwise."""
-    if not token or len(token) > 200:
+    parsed = _SESSION.fullmatch(token or "")
+    if parsed is None:
         return None
-    parts = token.split(".")
-    if len(parts) != 3 or not (parts[0].isascii() and parts[0].isdigit() and parts[1].isdigit()):
-        return None
-    user_id, expires = min(int(parts[0]), 2**31 - 1), int(parts[1])
+    user_id, expires = min(int(parsed[1]), 2**31 - 1), int(parsed[2])
     if expires < horde.clock.now():
         return None
     async with horde.transaction() as session:
         user = await session.get(User, user_id)
     if user is None or not user.moderator or user.anonymous:
         return None
-    return user if hmac.compare_digest(_signature(user, expires), parts[2]) else None
+    return user if hmac.compare_digest(_signature(user, expires), parsed[3]) else None
 
 
 # --- shared helpers ------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from horde_lite.lifecycle.users import (
     authenticate_user,
     find_by_name,
     hash_key,
-    user_id_part,
+    split_name,
 )
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
@@ -39,7 +39,7 @@ async def _target(session: AsyncSession, username: str, now: float) -> tuple[Use
             owner = await session.get(User, shared.user_id)
             assert owner is not None
             return owner, shared
-    if user_id_part(username.rpartition("#")[2]) == ANONYMOUS_PUBLIC_ID and "#" in username:
+    if (parsed := split_name(username)) is not None and parsed[1] == ANONYMOUS_PUBLIC_ID:
         raise HordeError("KudosTransferToAnon", "Kudos sent to the anonymous user would be lost.")
     try:
         return await find_by_name(session, username), None

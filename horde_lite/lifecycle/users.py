@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import secrets
 import uuid
 from dataclasses import dataclass
@@ -114,19 +115,42 @@ async def create_user(
     return user, key
 
 
+# ASCII digits only: str.isdigit() and int() also take fullwidth and Arabic-Indic digits (U+FF11,
+# U+0661), so "bob#" + U+FF11 would read as bob's id 1; and "²" passes isdigit() but not int().
+_ID_DIGITS = re.compile(r"[0-9]+")
+# The id column is 32-bit: an id of more digits names no user (and int() refuses strings beyond
+# Python's digit limit, which a path or a name may carry).
+_ID_MAX = 2**31 - 1
+
+
 def user_id_part(uid: str) -> int | None:
-    """The id of a "name#id": ASCII digits only (str.isdigit() alone accepts "²", which int()
-    refuses), at most the id column's range; None when it is not an id."""
-    if not (uid.isascii() and uid.isdigit()):
+    """The id of a "name#id": ASCII digits only, at most the id column's range (larger ids come
+    back as its maximum, which no user has); None when it is not an id."""
+    if not _ID_DIGITS.fullmatch(uid):
         return None
-    return min(int(uid), 2**31 - 1)  # beyond the column: no such user
+    digits = uid.lstrip("0") or "0"
+    return _ID_MAX if len(digits) > len(str(_ID_MAX)) else min(int(digits), _ID_MAX)
+
+
+def split_name(username: str) -> tuple[str, int | None] | None:
+    """A "name#id" as (name, id), a bare name as (name, None); None when a '#' is followed by
+    anything but ASCII digits (a fullwidth "1", "bob#", "bob#1a"), which names nobody rather than the
+    bare name."""
+    name, hash_sign, uid = username.partition("#")
+    if not hash_sign:
+        return name, None
+    user_id = user_id_part(uid)
+    return None if user_id is None else (name, user_id)
 
 
 async def find_by_name(session: AsyncSession, username: str) -> User:
-    name, _, uid = username.partition("#")
+    parsed = split_name(username)
+    if parsed is None:
+        raise HordeError("UserNotFound", f"No user named {username!r}.")
+    name, user_id = parsed
     # "name#id" must name the user with that id; a bare name is looked up by name.
     query = select(User).where(User.username == name)
-    if (user_id := user_id_part(uid)) == ANONYMOUS_PUBLIC_ID:
+    if user_id == ANONYMOUS_PUBLIC_ID:
         query = query.where(User.anonymous.is_(True))
     elif user_id is not None:
         query = query.where(User.id == user_id, User.anonymous.is_(False))

@@ -20,7 +20,7 @@ from horde_lite.db.models import User, Worker, WorkerModel
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
-from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key, user_id_part
+from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key, split_name
 from horde_lite.settings import Settings
 
 # What a new worker name may hold, after Unicode NFKC normalization (which maps full-width and other
@@ -78,11 +78,10 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
     user with that id, as the CLI's lookup does; a bare name matches by name."""
     wanted: list[tuple[str, int | None]] = []
     for name in names[:50]:
-        base, _, uid = name.partition("#")
-        user_id = user_id_part(uid)
-        if user_id is not None and user_id >= 2**31 - 1:
-            continue  # no such user (and beyond the id column's range)
-        wanted.append((base, user_id))
+        parsed = split_name(name)
+        if parsed is None or (parsed[1] is not None and parsed[1] >= 2**31 - 1):
+            continue  # names nobody (a non-ASCII digit), or an id beyond the id column's range
+        wanted.append(parsed)
     if not wanted:
         return []
     rows = await session.execute(

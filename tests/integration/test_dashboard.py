@@ -16,7 +16,6 @@ import os
 import re
 import shutil
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,19 +23,20 @@ import httpx
 import pytest
 from sqlalchemy import select
 
-from bench.soak_servers import LOOPBACK, free_port, server_command, server_env
 from horde_lite.dashboard.render import PANELS
+from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import User
 from horde_lite.demo.server import make_users
 from horde_lite.lifecycle.users import set_flags
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
+from tests.support.cdp import browser_page
 from tests.support.horde import ANON, HordeClient
+from tests.support.server import served as running_server
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "test/dash-7B"
 COOKIE = "horde_lite_dashboard"
-START_TIMEOUT = 60.0
 
 
 # --- the guard and the fragments, in process ---------------------------------------------------------
@@ -78,6 +78,8 @@ async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: H
     assert 'action="/dashboard/login"' in page.text
     assert 'name="apikey"' in page.text
     assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    # A browser sends its real Origin with the form's POST under this policy (not under no-referrer).
+    assert page.headers["referrer-policy"] == "same-origin"
     assert (await http.get("/dashboard/panels/fleet")).status_code == 401
     # An ordinary user's key, a wrong key, the anonymous key.
     assert (await http.get("/dashboard", headers={"apikey": ordinary})).status_code == 403
@@ -109,6 +111,10 @@ async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: H
     )
     assert foreign.status_code == 403
     assert COOKIE not in foreign.headers.get("set-cookie", "")
+    # `Origin: null` proves nothing (a sandboxed frame sends it): refused too.
+    nulled = await http.post("/dashboard/login", data={"apikey": moderator}, headers={"origin": "null"})
+    assert nulled.status_code == 403
+    assert COOKIE not in nulled.headers.get("set-cookie", "")
     # A moderator's key: a redirect with an HttpOnly, SameSite=Strict session cookie, never the key.
     signed = await http.post("/dashboard/login", data={"apikey": moderator}, follow_redirects=False)
     assert signed.status_code == 303
@@ -170,33 +176,8 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
         "database": {"null_pool": True},
         "policies": CANDIDATES,
     }
-    port = free_port()
-    log = tmp_path / "server.log"
-    with log.open("wb") as out:
-        process = subprocess.Popen(
-            server_command(port), cwd=tmp_path, env=server_env(db_url, overrides), stdout=out,
-            stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
-    base = f"http://{LOOPBACK}:{port}"
-    try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while True:
-            assert process.poll() is None, log.read_text()
-            try:
-                if httpx.get(f"{base}/api/v2/status/heartbeat", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, f"the server did not start: {log.read_text()[-3000:]}"
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+    with running_server(db_url, overrides, tmp_path) as server:
+        yield server.base
 
 
 async def _traffic(base: str, db_url: str) -> None:
@@ -300,3 +281,65 @@ async def test_the_page_shows_every_panel_in_a_browser(
     copy = results / ("dashboard.png" if kind == "sqlite" else f"dashboard-{kind}.png")
     shutil.copy(shot, copy)
     print(f"dashboard screenshot ({kind}): {shot} (copied to {copy})")
+
+
+async def _make_moderator(db_url: str) -> str:
+    """A moderator's key, created before the server starts (the server migrates nothing then)."""
+    key = (await make_users(db_url, {"mod": 100}))["mod"]
+    engine = make_engine(db_url, null_pool=True)
+    try:
+        async with make_sessionmaker(engine)() as session, session.begin():
+            user = (await session.execute(select(User).where(User.username == "mod"))).scalar_one()
+            await set_flags(session, user, trusted=None, moderator=True)
+    finally:
+        await engine.dispose()
+    return key
+
+
+async def test_a_moderator_signs_in_through_the_form_in_a_browser(
+    browser: str, db_url: str, tmp_path: Path
+) -> None:
+    """The sign-in form as a person uses it: Chromium loads the page, the key is typed into the
+    field and the button clicked; the browser sends what its Referrer-Policy lets it send (under
+    `no-referrer`, `Origin: null`, which the origin check refuses) and keeps the session cookie it
+    is given; then the panels show and refresh. Nothing is set that the browser would not send."""
+    key = await _make_moderator(db_url)
+    overrides: dict[str, dict[str, object]] = {
+        "http": {"open_operator_pages": False},
+        "lease": {"sweep_seconds": 0},
+        "database": {"null_pool": True},
+    }
+    with running_server(db_url, overrides, tmp_path) as server:
+        async with browser_page(browser, tmp_path / "chromium-profile") as page:
+            await page.navigate(f"{server.base}/dashboard")
+            assert await page.evaluate("!!document.querySelector('form[action=\"/dashboard/login\"]')")
+            assert not await page.evaluate("!!document.querySelector('section.panel')")
+
+            # A wrong key first: the form again, with its message.
+            await page.click("#apikey")
+            await page.type("not-a-key-at-all-xx")
+            await page.click("button[type=submit]")
+            await page.event("Page.loadEventFired")
+            assert await page.until(
+                "document.querySelector('.error') && document.querySelector('.error').textContent"
+            )
+            assert await page.evaluate("!!document.querySelector('#apikey')")
+
+            await page.click("#apikey")
+            await page.type(key)
+            await page.click("button[type=submit]")
+            await page.event("Page.loadEventFired")
+            error = await page.evaluate(
+                "document.querySelector('.error') && document.querySelector('.error').textContent"
+            )
+            assert not error, f"the sign-in was refused: {error}"
+            names = await page.until(
+                "(() => { const s = [...document.querySelectorAll('section.panel[data-panel]')];"
+                " return s.length && s.map(e => e.dataset.panel); })()"
+            )
+            assert set(names) == set(PANELS), names
+            assert "Sign out" in await page.evaluate("document.body.innerText")
+            rounds = "document.querySelector('[data-rounds]')"
+            assert await page.until(f"{rounds} && Number({rounds}.dataset.rounds) >= 1")
+            assert await page.evaluate("document.cookie") == ""  # HttpOnly: no script reads the session
+            assert key not in await page.evaluate("document.documentElement.outerHTML")

@@ -245,3 +245,187 @@ async def test_a_shared_key_expiry_of_400_digits_is_a_400(client: HordeClient) -
     )  # fmt: skip
     assert_refused(response, "/api/v2/sharedkeys", "expiry")
     assert await stored(client) == before
+
+
+# --- every path, query, header and cookie shape: never a 500 ----------------------------------------
+
+BEYOND_THE_DIGIT_LIMIT = {  # int() refuses decimal strings of more than 4300 digits
+    "4301 nines": "9" * 4301,
+    "minus 5000 nines": "-" + "9" * 5000,
+    "zeros then a 1": "0" * 4400 + "1",
+}
+PATH_SHAPES = {
+    "encoded slash": "%2F",
+    "encoded slash inside": "a%2Fb",
+    "encoded dots": "%2e%2e",
+    "encoded dot segments": "..%2F..%2F..%2Fetc",
+    "NUL": "%00",
+    "overlong segment": "x" * 5000,
+    "non-ASCII digit": "%EF%BC%91",
+    "backslash": "a%5Cb",
+}
+SESSION = "horde_lite_dashboard"
+COOKIE_SHAPES: dict[str, bytes] = {
+    "empty": f"{SESSION}=".encode(),
+    "huge": f"{SESSION}=".encode() + b"x" * 16000,
+    "huge digits": f"{SESSION}=1.".encode() + b"9" * 5000 + b"." + b"0" * 64,
+    "non-ASCII (UTF-8)": f"{SESSION}=é.\u0661\u0662\u0663.x".encode(),
+    "non-ASCII (Latin-1)": f"{SESSION}=\xe9".encode("latin-1"),
+    # Header bytes are read as Latin-1: b"\xb2" is "²", which isdigit() takes and int() refuses.
+    "superscript digits": f"{SESSION}=1.\u00b2\u00b3.{'0' * 64}".encode("latin-1"),
+    "Arabic-Indic digits": f"{SESSION}=\u0661.{chr(0x0669) * 10}.{'0' * 64}".encode(),
+    "bad signature": f"{SESSION}=1.9999999999.{'0' * 64}".encode(),
+    "bad format": f"{SESSION}=x.y.z".encode(),
+    "negative": f"{SESSION}=-1.-1.{'0' * 64}".encode(),
+    "quoted": f'{SESSION}="1.2.3"'.encode(),
+    "unbalanced quote": f'{SESSION}="'.encode(),
+    "repeated": f"{SESSION}=a; {SESSION}=1.2.3; {SESSION}=".encode(),
+    "no name": b"=1.2.3",
+    "separators only": b";;==;,,",
+    "percent-encoded": f"{SESSION}=%00%ff".encode(),
+}
+HEADER_SHAPES: dict[str, list[tuple[bytes, bytes]]] = {
+    "apikey of 5000 digits": [(b"apikey", b"9" * 5000)],
+    "apikey non-ASCII": [(b"apikey", "ключ".encode())],
+    "apikey Latin-1": [(b"apikey", b"\xe9\xff")],
+    "empty apikey": [(b"apikey", b"")],
+    "two apikeys": [(b"apikey", b"a"), (b"apikey", b"b")],
+    "bearer of 5000 digits": [(b"authorization", b"Bearer " + b"9" * 5000)],
+    "bare bearer": [(b"authorization", b"Bearer")],
+    "client-agent huge": [(b"client-agent", b"a:" * 8000)],
+    "origin null": [(b"origin", b"null")],
+    "origin non-ASCII": [(b"origin", "http://ü.example".encode())],
+    "content-type odd": [(b"content-type", b"application/json; charset=\xff")],
+    "accept odd": [(b"accept", b"*/*;q=" + b"9" * 5000)],
+}
+
+
+def query_parameters(client: HordeClient) -> dict[str, set[str]]:
+    """Each documented path (its template as Litestar writes it) -> the names of its query parameters."""
+    found: dict[str, set[str]] = {}
+    for path, item in (client.http.app.openapi_schema.paths or {}).items():
+        for method in ("get", "put", "post", "patch", "delete"):
+            operation = getattr(item, method, None)
+            for parameter in (operation.parameters or []) if operation else []:
+                if str(getattr(parameter, "param_in", "")) in ("query", "ParamType.QUERY"):
+                    found.setdefault(path, set()).add(parameter.name)
+    assert any("page" in names for names in found.values()), found  # /users?page= is an integer
+    return found
+
+
+def assert_not_500(response: Any, path: str, what: str) -> None:
+    """Any status but a 5xx; an error under /api or /v1 in that face's shape."""
+    shown = path if len(path) < 160 else f"{path[:120]}...({len(path)} characters)"
+    assert response.status_code < 500, f"{what} on {shown}: {response.status_code} {response.text[:300]}"
+    if response.status_code >= 400 and path.startswith(("/api/", "/v1/")):
+        body = response.json()
+        if path.startswith("/v1/"):
+            assert body["error"]["message"], (what, shown, body)
+        else:
+            assert body["message"], (what, shown, body)
+            assert body["rc"], (what, shown, body)
+
+
+async def test_integers_beyond_the_digit_limit_in_every_path_and_query_parameter(client: HordeClient) -> None:
+    key = await client.user("owner", kudos=1000)
+    await client.user("bob")
+    queries = query_parameters(client)
+    before = await stored(client)
+    walked = 0
+    for method, template, _handler in routes(client):
+        for what, digits in BEYOND_THE_DIGIT_LIMIT.items():
+            if "{" in template:
+                path = fill(template, digits)
+                assert_not_500(await send(client, method, path, key, b"{}"), path, f"path {what}")
+                walked += 1
+            names = queries.get(re.sub(r":[a-z]+\}", "}", template), set())
+            for name in names:
+                path = fill(template, "1") + f"?{name}={digits}"
+                assert_not_500(await send(client, method, path, key, b"{}"), path, f"{name} = {what}")
+                walked += 1
+    assert walked >= 60, walked
+    # An id of 4301 digits is no user (not a 500); leading zeros are still the number they pad.
+    for what, digits in BEYOND_THE_DIGIT_LIMIT.items():
+        found = await client.http.get(f"/api/v2/users/{digits}")
+        if what == "zeros then a 1":
+            assert found.json()["username"] == "owner#1", found.text
+        else:
+            assert found.status_code == 404, (what, found.text)
+    assert await stored(client) == before
+
+
+async def test_every_path_shape_on_every_route(client: HordeClient) -> None:
+    key = ANON  # a doubled or trailing slash still reaches its route: nothing may be created
+    before = await stored(client)
+    for method, template, _handler in routes(client):
+        for what, value in PATH_SHAPES.items():
+            path = fill(template, value) if "{" in template else template.rstrip("/") + "/" + value
+            assert_not_500(await send(client, method, path, key, b"{}"), path, what)
+        doubled = fill(template, "00000000-0000-4000-8000-000000000000").replace("/", "//")
+        assert_not_500(await send(client, method, doubled, key, b"{}"), doubled, "doubled slashes")
+        trailing = fill(template, "00000000-0000-4000-8000-000000000000") + "/"
+        assert_not_500(await send(client, method, trailing, key, b"{}"), trailing, "trailing slash")
+    assert await stored(client) == before
+
+
+async def test_every_cookie_and_header_shape_on_every_route(client: HordeClient) -> None:
+    """The dashboard's session cookie is the only cookie the app reads (when no key is sent); every
+    route is walked with it anyway, since a cookie reaches every route."""
+    moderator = await client.user("mod", moderator=True)
+    before = await stored(client)
+    for method, template, _handler in routes(client):
+        path = fill(template, "00000000-0000-4000-8000-000000000000")
+        for what, cookie in COOKIE_SHAPES.items():
+            headers = [(b"content-type", b"application/json"), (b"cookie", cookie)]
+            response = await client.http.request(method, path, content=b"{}", headers=headers)
+            assert_not_500(response, path, f"cookie {what}")
+        for what, extra in HEADER_SHAPES.items():
+            headers = [(b"content-type", b"application/json"), *extra]
+            response = await client.http.request(method, path, content=b"{}", headers=headers)
+            assert_not_500(response, path, f"header {what}")
+    # No shape of the session cookie signs anyone in, a moderator's key aside.
+    for what, cookie in COOKIE_SHAPES.items():
+        for page in ("/dashboard", "/dashboard/panels/fleet"):
+            refused = await client.http.get(page, headers=[(b"cookie", cookie)])
+            assert refused.status_code == 401, (what, page, refused.status_code)
+        both = await client.http.get(
+            "/dashboard", headers=[(b"cookie", cookie), (b"apikey", moderator.encode())]
+        )
+        assert both.status_code == 200, (what, both.status_code)
+    assert await stored(client) == before
+
+
+# "name#" followed by a digit of another script: int() reads it (fullwidth 2, Arabic-Indic 2, ...),
+# and the lookups used to fall back to the bare name.
+NOT_ASCII_IDS = ("\uff12", "\u0662", "\u06f2", "\u0968", "2\u0662", "", "2a", " 2")
+
+
+async def test_a_name_with_a_non_ascii_id_names_nobody(client: HordeClient) -> None:
+    giver = await client.user("giver", kudos=1000)
+    await client.user("bob")
+    bob = await client.balance("bob")
+    for uid in NOT_ASCII_IDS:
+        sent = await client.http.post(
+            "/api/v2/kudos/transfer", json={"username": f"bob#{uid}", "amount": 5}, headers={"apikey": giver}
+        )
+        assert sent.status_code == 400, (uid, sent.text)
+        assert sent.json()["rc"] == "InvalidTargetUsername", (uid, sent.text)
+    assert await client.balance("bob") == bob
+    ok = await client.http.post(
+        "/api/v2/kudos/transfer", json={"username": "bob#2", "amount": 5}, headers={"apikey": giver}
+    )
+    assert ok.status_code == 200, ok.text
+
+    # A worker's priority list: "bob#<non-ASCII 2>" does not put bob's request first.
+    rich = await client.user("rich", kudos=10_000)
+    bobs_key = await client.user("bob2")
+    richs = (await client.create(rich)).json()["id"]
+    await client.create(bobs_key)
+    owner = await client.user("owner")
+    listed = [f"bob2#{uid}" for uid in NOT_ASCII_IDS]
+    job = (await client.pop(owner, "w1", priority_usernames=listed)).json()
+    async with client.horde.sessionmaker() as session:
+        popped = (
+            await session.execute(text("SELECT request_id FROM generations WHERE id = :g"), {"g": job["id"]})
+        ).scalar_one()
+    assert popped == richs  # the queue's own order: the richer request first

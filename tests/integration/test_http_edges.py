@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import socket
 import threading
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import asyncpg
+import httpx
 import pytest
 from litestar import Litestar
+from litestar.routes import HTTPRoute
 from litestar.testing import AsyncTestClient
 from sqlalchemy.engine import make_url
 
@@ -22,10 +26,12 @@ from horde_lite.api.ratelimit import rate_limit_middleware
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
+from horde_lite.demo.server import make_users
 from horde_lite.lifecycle.context import Horde
 from horde_lite.settings import RateLimitSettings
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
+from tests.support.server import raw_request, served
 
 BODY = {"prompt": "Hi", "params": {"max_length": 16, "max_context_length": 1024}}
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 16}
@@ -325,3 +331,90 @@ async def test_keys_never_reach_the_logs(
     assert "unhandled error" in text
     assert shared not in text
     assert key not in text
+
+
+def _spellings(key: str) -> list[str]:
+    """The shared key's path as a client may spell it: each one reaches the key's route, or is
+    close enough that an operator would not expect the key in clear in the log either."""
+    encoded = "".join(f"%{ord(c):02X}" for c in key)
+    return [
+        f"/api/v2/sharedkeys/{key}",
+        f"/api/v2/sharedkeys//{key}",
+        f"/api/v2//sharedkeys/{key}",
+        f"//api/v2/sharedkeys/{key}",
+        f"/api/v2/sharedkeys/{key}/",
+        f"/api/v2/sharedkeys/{key}//",
+        f"/api/v2/sharedkeys%2F{key}",
+        f"/api/v2/sharedkeys%2f{key}",
+        f"/api/v2/sharedkeys/%2F{key}",
+        f"/api/v2/%73haredkeys/{key}",
+        f"/api/v2/%73%68%61%72%65%64%6B%65%79%73/{key}",
+        f"/api/v2/SharedKeys/{key}",
+        f"/api/v2/./sharedkeys/{key}",
+        f"/api/v2/sharedkeys/./{key}",
+        f"/api/v2/x/../sharedkeys/{key}",
+        f"/api/v2/sharedkeys/{key}/..",
+        f"/api/v2/sharedkeys/{encoded}",
+        f"/api/v2/sharedkeys/{key.upper()}",
+        f"/api/v2/sharedkeys/{key}?x=1",
+        f"/api/v2/sharedkeys/{key};x",
+        f"/api/v2/sharedkeys\\{key}",
+        f"/api/v2/sharedkeys/{key}%20",
+    ]
+
+
+async def test_a_shared_key_never_reaches_the_access_log_in_clear(db_url: str, tmp_path: Path) -> None:
+    """A real server's access log (uvicorn's, as an operator reads it) for every spelling of a shared
+    key's path: each line is there, none with the key, in any case or encoding."""
+    keys = await make_users(db_url, {"owner": 100, "other": 0})
+    overrides: dict[str, dict[str, object]] = {"lease": {"sweep_seconds": 0}, "database": {"null_pool": True}}
+    with served(db_url, overrides, tmp_path) as server:
+        async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:
+            created = await http.post(
+                "/api/v2/sharedkeys", json={"kudos": 10}, headers={"apikey": keys["owner"]}
+            )
+        assert created.status_code == 200, created.text
+        shared = created.json()["id"]
+        spellings = _spellings(shared)
+        reached = 0
+        for target in spellings:
+            for method in ("GET", "DELETE"):
+                headers = {"apikey": keys["other"]} if method == "DELETE" else {}  # refused: not its key
+                status, body = await asyncio.to_thread(raw_request, server.port, target, method, headers)
+                assert status < 500, (target, status, body[:300])
+                reached += method == "GET" and status == 200
+        assert reached >= 8, "the spellings no longer reach the key's route: the test walks nothing"
+        await asyncio.sleep(0.5)  # the access log goes through a queue listener
+        log = server.log.read_text()
+    accessed = [line for line in log.splitlines() if "uvicorn.access" in line and "HTTP/1.1" in line]
+    assert len(accessed) >= 2 * len(spellings), log[-3000:]
+    hidden = shared.lower().replace("-", "")
+    for line in accessed:
+        for token in (shared, shared.upper(), shared[1:], shared.upper()[1:]):
+            assert token not in line, line
+        assert hidden not in re.sub(r"[^0-9a-f]", "", line.lower().replace("%", "")), line
+
+
+async def test_options_allows_every_method_of_every_path(client: HordeClient) -> None:
+    """Every route of the app, several handlers on one path included (GET, PATCH and DELETE on a
+    shared key): `Allow` lists what the path's handlers serve, as the 405 answer does."""
+    walked = 0
+    for route in client.http.app.routes:
+        if not isinstance(route, HTTPRoute):
+            continue
+        expected = {m for handler in route.route_handlers for m in handler.http_methods} | {"OPTIONS"}
+        path = re.sub(r"\{[^}]+\}", "x", route.path)
+        answer = await client.http.options(path)
+        assert answer.status_code == 204, (path, answer.status_code, answer.text)
+        assert {m.strip() for m in answer.headers["allow"].split(",")} == expected, (
+            route.path,
+            answer.headers,
+        )
+        walked += 1
+        if "GET" not in expected:  # a method the path lacks: its 405 names the same methods
+            refused = await client.http.get(path)
+            if refused.status_code == 405:
+                assert {m.strip() for m in refused.headers["allow"].split(",")} == expected, route.path
+    assert walked >= 30, walked
+    shared = await client.http.options("/api/v2/sharedkeys/x")
+    assert {"GET", "PATCH", "DELETE"} <= set(shared.headers["allow"].replace(" ", "").split(","))

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
+import pytest
 from sqlalchemy.engine import make_url
 
 from horde_lite import __version__
@@ -142,6 +143,19 @@ def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -
         message = refused(start(tmp_path, clean_env(tmp_path), *run_args(port)))
     assert f"port {port} on 127.0.0.1 is already in use" in message
     assert not default_db(tmp_path).exists()  # no migration ran, no file was made
+
+
+@pytest.mark.parametrize("port", ["99999", "65536", "0", "-1", "abc", "80x", ""])
+def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: str) -> None:
+    """The resolver would take 99999 modulo 65536 and 0 as any port: the server would listen
+    somewhere else, silently."""
+    message = refused(start(tmp_path, clean_env(tmp_path), "run", "--host", "127.0.0.1", "--port", port))
+    assert len(message.splitlines()) == 1, message
+    if port.lstrip("-").isdigit():
+        assert message == f"horde-lite: --port {port}: not a TCP port; choose one from 1 to 65535"
+    else:
+        assert f"'{port}' is not a valid integer" in message
+    assert not default_db(tmp_path).exists()
 
 
 # --- a good start ----------------------------------------------------------------------------
