@@ -132,6 +132,17 @@ class RequestSettings(_Table):
     max_waiting_anonymous: int = 2000
     # Most requests' failures tolerated before the request is faulted.
     max_failures: int = 2
+    # A job's output (its streamed progress and its submitted result) holds at most
+    # max_length x this many characters, plus a fixed slack (lifecycle/bounds.py).
+    output_chars_per_token: int = 16
+    # The most worker ids one `workers` or `worker_blacklist` list may name.
+    max_worker_list: int = 200
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.output_chars_per_token <= 1024:
+            raise ValueError("[request] output_chars_per_token must be between 1 and 1024")
+        if not 1 <= self.max_worker_list <= 10_000:
+            raise ValueError("[request] max_worker_list must be between 1 and 10000")
 
 
 class ChatSettings(_Table):
@@ -141,6 +152,14 @@ class ChatSettings(_Table):
     # The slow poll of a waiting /v1 call; changes wake it at once (in process, and via
     # PostgreSQL LISTEN/NOTIFY across processes), so this only bounds what no wake-up reaches.
     poll_seconds: float = 3.0
+    # Accepted progress posts of one streaming job: at most progress_burst plus
+    # progress_per_second for every second since its pop (lifecycle/bounds.py).
+    progress_per_second: float = 10.0
+    progress_burst: int = 32
+
+    def __post_init__(self) -> None:
+        if self.progress_per_second <= 0 or self.progress_burst < 1:
+            raise ValueError("[chat] needs progress_per_second > 0 and progress_burst >= 1")
 
 
 class AllowanceSettings(_Table):

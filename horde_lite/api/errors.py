@@ -45,6 +45,9 @@ RC_STATUS: dict[str, int] = {
     "DuplicateGen": 400,
     "AbortedGen": 400,
     "NotStreamingJob": 400,
+    "ProgressTooLong": 400,
+    "TooManyProgressPosts": 400,
+    "GenerationTooLong": 400,
     "ClientDisconnected": 400,
     "InvalidAPIKey": 401,
     "KudosUpfront": 403,
@@ -70,6 +73,7 @@ RC_STATUS: dict[str, int] = {
     "PayloadTooLarge": 413,
     "TooManyPrompts": 429,
     "RateLimited": 429,
+    "ProgressTooFast": 429,
     "InternalServerError": 500,
     "WorkerFailed": 502,
     "NoEligibleWorker": 503,
@@ -111,7 +115,7 @@ OPENAI_CODES: dict[str, tuple[str, str]] = {
 
 # 429/503 answers a client should retry after `Retry-After` (`x-should-retry: true` lets the openai
 # package do so); the others tell it not to resend at once.
-RETRYABLE_RCS = frozenset({"RateLimited", "DatabaseUnavailable"})
+RETRYABLE_RCS = frozenset({"RateLimited", "ProgressTooFast", "DatabaseUnavailable"})
 # Seconds a client is told to wait before retrying after a lost database connection.
 DATABASE_RETRY_AFTER = 5
 

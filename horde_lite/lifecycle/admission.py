@@ -23,7 +23,7 @@ from horde_lite.db.models import (
 )
 from horde_lite.db.rows import insert_rows
 from horde_lite.lifecycle import chat as chat_rules
-from horde_lite.lifecycle import kudos, prices, queue_index
+from horde_lite.lifecycle import kudos, prices, queue_index, worker_lists
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.errors import HordeError
@@ -281,9 +281,21 @@ _WAITING_OF_USER = select(func.count(TextRequest.id)).where(
 )
 
 
+# A transaction-level advisory lock per capped account (its users id in the second key): taken by
+# the creations of an account whose users row they do not lock, so its count and its insert
+# serialize with theirs and with nothing else (PostgreSQL; SQLite has one writer already).
+_ADVISORY_WAITING = 0x686C  # "hl": horde_lite's waiting caps
+_LOCK_WAITING = select(func.pg_advisory_xact_lock(_ADVISORY_WAITING, bindparam("user_id")))
+
+
 async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> None:
     s = horde.settings.request
     limit = s.max_waiting_anonymous if spec.requester.user.anonymous else s.max_waiting_per_user
+    if spec.requester.user.anonymous and session.get_bind().dialect.name == "postgresql":
+        # The anonymous account is shared and its users row is not locked (its charges update it
+        # at every anonymous submit): without this, concurrent creations would all count below the
+        # cap and all be admitted. Held until commit, so the next one counts this one's row.
+        await session.execute(_LOCK_WAITING, {"user_id": spec.requester.user.id})
     waiting = (await session.execute(_WAITING_OF_USER, {"user_id": spec.requester.user.id})).scalar_one()
     if waiting >= limit:
         raise HordeError("TooManyPrompts", f"You already have {waiting} requests waiting (limit {limit}).")
@@ -753,12 +765,19 @@ async def _keep_refusal_records(horde: Horde, refused: AsyncSession) -> None:
 async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> Decision:
     """POST /generate/text/async: a legacy prompt or a native chat payload (`dry_run`: a quote)."""
 
+    worker_lists.check_lengths(body, horde.settings.request.max_worker_list)
+
     async def build(session: AsyncSession, requester: Requester) -> AdmissionSpec:
         if body.chat is None:
-            return legacy_spec(requester, body, horde, caller.client_agent)
-        return await chat_spec(
-            session, horde, requester, body.chat, models=body.models, dry_run=body.dry_run, base=body,
-            client_agent=caller.client_agent,
-        )  # fmt: skip
+            spec = legacy_spec(requester, body, horde, caller.client_agent)
+        else:
+            spec = await chat_spec(
+                session, horde, requester, body.chat, models=body.models, dry_run=body.dry_run, base=body,
+                client_agent=caller.client_agent,
+            )  # fmt: skip
+        # A deny-list, when sent, is the request's whole choice of workers (its allow-list is not read).
+        allow = [] if spec.worker_deny else spec.workers
+        spec.workers, spec.worker_deny = await worker_lists.resolve(session, allow, spec.worker_deny)
+        return spec
 
     return await decide(horde, caller, build)

@@ -12,6 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
 from horde_lite.lifecycle import kudos, prices
+from horde_lite.lifecycle.bounds import check_submit
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
@@ -155,13 +156,16 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
             horde.notifier.on_commit(session, request.id, remote=request.waited)
         return 0.0
     text = body.generation
+    # Past the job's bound nothing is stored and the job stays the worker's (it may submit again).
+    message = body.chat.message if body.chat is not None else None
+    check_submit(text, message, request.max_length, horde.settings)
     reported = None
     if body.chat is not None:
         reported = body.chat.usage.get("completion_tokens")
         content = body.chat.message.get("content")
         if not text and isinstance(content, str):
             text = content
-    # The text is kept as sent (upstream keeps it); only the count is capped.
+    # Within the bound the text is kept as sent (upstream keeps it); only the count is capped.
     tokens = count_tokens(text, reported, request.max_length)
     if body.chat is not None:
         generation.chat_result = {

@@ -7,7 +7,8 @@ answer it lost); a gap is a 409, so nothing is relayed out of order. Each accept
 delta to the generation, extends the lease to at least now + `lease.progress_extension_seconds`, never
 beyond `popped_at + lease.max_seconds`, and wakes the chat front waiting on the request. The answer
 tells the worker when its lease now ends and whether to stop (the client went away or the request was
-cancelled).
+cancelled). A post that is one too many, too fast, or would take the job's output past its bound is
+refused before anything changes (lifecycle/bounds.py).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from horde_lite.lifecycle.bounds import check_progress
 from horde_lite.lifecycle.completion import load_generation_for_worker, require_live
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
@@ -61,6 +63,18 @@ async def record(
             expected_seq=last + 1,
         )
     delta = body.delta
+    # Checked before anything changes: a refused post leaves the job as it was, still the worker's.
+    check_progress(
+        seq=body.seq,
+        max_length=request.max_length,
+        stored_content=generation.progress_content or "",
+        stored_tool_calls=generation.progress_tool_calls or [],
+        content=delta.content,
+        tool_calls=delta.tool_calls,
+        popped_at=generation.popped_at,
+        now=now,
+        settings=horde.settings,
+    )
     if delta.content:
         generation.progress_content = (generation.progress_content or "") + delta.content
     if delta.tool_calls:

@@ -19,7 +19,7 @@ import pytest
 from horde_lite.api.openai.schemas import ChatCompletionInput, to_payload
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import READ_ONLY
-from horde_lite.lifecycle import chat_front
+from horde_lite.lifecycle import bounds, chat_front
 from horde_lite.lifecycle.context import Caller
 from horde_lite.lifecycle.waiting import Delta, Final, Waiter
 from horde_lite.settings import Settings
@@ -368,3 +368,131 @@ async def test_tool_call_fragments_posted_after_the_last_read_reach_the_stream(c
     finally:
         await events.aclose()
         waiter.close()
+
+
+# --- bounds (lifecycle/bounds.py) --------------------------------------------------------------------
+
+
+async def test_streamed_output_is_bounded_by_the_jobs_tokens(chat: Chat) -> None:
+    """A job of 64 tokens streams at most 64 x 16 + 1024 characters, content and tool calls together:
+    a post that would pass that is refused and changes nothing, a post that lands exactly on it is
+    accepted, and the job stays the worker's to submit."""
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker, max_tokens=64)
+    reading = await in_background(gather_stream(stream))
+    bound = bounds.output_bound(64, chat.horde.settings)
+    assert bound == 64 * 16 + 1024
+    request = await chat.until_request()
+
+    async def stored() -> tuple[int, int, list[Any]]:
+        [generation] = await chat.generations(request.id)
+        return generation.progress_seq, len(generation.progress_content), generation.progress_tool_calls
+
+    hostile = await worker.progress(job["id"], 1, "x" * 3_900_000)  # the tester's 3.9 MB delta
+    assert (hostile.status_code, hostile.json()["rc"]) == (400, "ProgressTooLong"), hostile.text
+    assert str(bound) in hostile.json()["message"]
+    over = await worker.progress(job["id"], 1, "x" * (bound + 1))
+    assert (over.status_code, over.json()["rc"]) == (400, "ProgressTooLong")
+    assert await stored() == (0, 0, [])
+    under = await worker.progress(job["id"], 1, "x" * (bound - 1))
+    assert under.status_code == 200, under.text
+    past = await worker.progress(job["id"], 2, "yy")
+    assert (past.status_code, past.json()["rc"]) == (400, "ProgressTooLong")
+    # Tool calls count as their JSON: even an empty fragment does not fit in the one character left.
+    fragment = {"index": 0, "id": "c", "type": "function", "function": {"name": "f", "arguments": ""}}
+    tools = await worker.progress(job["id"], 2, tool_calls=[fragment])
+    assert (tools.status_code, tools.json()["rc"]) == (400, "ProgressTooLong")
+    assert await stored() == (1, bound - 1, [])
+    last = await worker.progress(job["id"], 2, "y")  # exactly at the bound
+    assert last.status_code == 200, last.text
+    assert (await worker.progress(job["id"], 3, "z")).json()["rc"] == "ProgressTooLong"
+    assert (await worker.progress(job["id"], 2, "y")).status_code == 200  # a repeat, acknowledged
+    assert await stored() == (2, bound, [])
+    # Nothing was lost: the worker submits, the client gets the whole text.
+    whole = "x" * (bound - 1) + "y"
+    assert (await worker.submit(job["id"], whole)).status_code == 200
+    chunks, error = await settled(reading)
+    assert error is None
+    assert joined(chunks) == whole
+
+
+async def test_accumulated_tool_calls_are_bounded_too(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}]
+    stream, job = await start_stream(chat, worker, max_tokens=16, tools=tools)
+    reading = await in_background(gather_stream(stream))
+    bound = bounds.output_bound(16, chat.horde.settings)
+    start = {"index": 0, "id": "c1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    assert (await worker.progress(job["id"], 1, tool_calls=[start])).status_code == 200
+    used = len(json.dumps(start, separators=(",", ":")))
+    # Fragments of arguments: each is `{"index":0,"function":{"arguments":"..."}}` as JSON.
+    frame = len(json.dumps({"index": 0, "function": {"arguments": ""}}, separators=(",", ":")))
+    fill = bound - used - frame - 3  # the list's brackets and the comma between its two items
+    fits = {"index": 0, "function": {"arguments": "a" * fill}}
+    more = {"index": 0, "function": {"arguments": "a" * (fill + 1)}}
+    refused = await worker.progress(job["id"], 2, tool_calls=[more])
+    assert (refused.status_code, refused.json()["rc"]) == (400, "ProgressTooLong"), refused.text
+    assert (await worker.progress(job["id"], 2, tool_calls=[fits])).status_code == 200
+    [generation] = await chat.generations((await chat.until_request()).id)
+    assert len(json.dumps(generation.progress_tool_calls, separators=(",", ":"))) == bound
+    assert (await worker.progress(job["id"], 3, "x")).json()["rc"] == "ProgressTooLong"
+    assert (await worker.submit(job["id"], "done")).status_code == 200
+    await settled(reading)
+
+
+async def test_a_progress_flood_is_refused_with_retry_after_and_loses_nothing(chat: Chat) -> None:
+    """At most progress_burst (32) posts at once, then progress_per_second (10) a second since the
+    pop: the 33rd post at the pop's instant is a 429 with Retry-After; after a tenth of a second the
+    same seq is accepted. Repeats are still acknowledged at the limit."""
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker, max_tokens=512)
+    reading = await in_background(gather_stream(stream))
+    settings = chat.horde.settings.chat
+    assert (settings.progress_burst, settings.progress_per_second) == (32, 10)
+    for seq in range(1, 33):
+        answer = await worker.progress(job["id"], seq, f"{seq},")
+        assert answer.status_code == 200, (seq, answer.text)
+    flood = await worker.progress(job["id"], 33, "33,")
+    assert (flood.status_code, flood.json()["rc"]) == (429, "ProgressTooFast"), flood.text
+    assert flood.headers["Retry-After"] == "1"
+    assert (await worker.progress(job["id"], 32, "32,")).status_code == 200  # a repeat
+    [generation] = await chat.generations((await chat.until_request()).id)
+    assert generation.progress_seq == 32
+    chat.clock.advance(0.1)
+    assert (await worker.progress(job["id"], 33, "33,")).status_code == 200
+    assert (await worker.progress(job["id"], 34, "34,")).json()["rc"] == "ProgressTooFast"
+    chat.clock.advance(10)  # 100 more posts allowed by now
+    for seq in range(34, 134):
+        assert (await worker.progress(job["id"], seq, f"{seq},")).status_code == 200, seq
+    late = await worker.progress(job["id"], 134, "134,")
+    assert late.status_code == 429
+    assert late.headers["Retry-After"] == "1"
+    whole = "".join(f"{seq}," for seq in range(1, 134))
+    assert (await worker.submit(job["id"], whole)).status_code == 200
+    chunks, error = await settled(reading)
+    assert error is None
+    assert joined(chunks) == whole
+
+
+async def test_a_job_takes_at_most_its_tokens_plus_16_progress_posts(chat: Chat) -> None:
+    key = await chat.hc.user("owner")
+    worker = chat.worker(key, "w1")
+    await worker.pop()
+    stream, job = await start_stream(chat, worker, max_tokens=16)
+    reading = await in_background(gather_stream(stream))
+    most = 16 + bounds.PROGRESS_SLACK_POSTS
+    for seq in range(1, most + 1):
+        assert (await worker.progress(job["id"], seq, "a")).status_code == 200, seq
+    chat.clock.advance(60)  # not a matter of pace: waiting does not help
+    extra = await worker.progress(job["id"], most + 1, "a")
+    assert (extra.status_code, extra.json()["rc"]) == (400, "TooManyProgressPosts"), extra.text
+    assert (await worker.submit(job["id"], "a" * most)).status_code == 200
+    chunks, error = await settled(reading)
+    assert error is None
+    assert joined(chunks) == "a" * most

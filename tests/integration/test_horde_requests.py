@@ -484,8 +484,10 @@ async def test_priority_usernames_with_id(client: HordeClient) -> None:
 async def test_expiry_removes_the_request_its_results_and_its_hold(client: HordeClient) -> None:
     key = await client.user("owner")
     rich = await client.user("rich", kudos=1000)
+    assert (await client.pop(key, "bystander", models=["elsewhere-7B"])).status_code == 200
+    bystander = (await client.http.get("/api/v2/workers/name/bystander")).json()["id"]
     request_id = (
-        await client.create(rich, slow_workers=False, params={"n": 2}, worker_blacklist=["nobody"])
+        await client.create(rich, slow_workers=False, params={"n": 2}, worker_blacklist=[bystander])
     ).json()["id"]
     assert await _scalar(client, "SELECT count(*) FROM kudos_holds WHERE active") == 1
     assert await _scalar(client, "SELECT count(*) FROM queue_refusals") == 1

@@ -147,8 +147,9 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, c
     declared = {} if checked_in else {"max_context_length": 4096}
     # A rich requester's requests are ahead in the queue (effective start by priority).
     rich = await client.user("rich", kudos=1_000_000)
+    others = await _others(client)
     for _ in range(dispatch.POP_PAGE + 3):
-        response = await client.create(rich, models=["p-7B"], workers=_OTHERS, params={"max_length": 16})
+        response = await client.create(rich, models=["p-7B"], workers=others, params={"max_length": 16})
         assert response.status_code == 202, response.text
     client.clock.advance(1)
     wanted = (await client.create(ANON, models=["p-7B"], params={"max_length": 16})).json()["id"]
@@ -158,21 +159,25 @@ async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, c
     assert request_id == wanted
 
 
-# An allow-list too long for the entries to name (a rule the index cannot see) that omits the worker.
-_OTHERS = [f"{i:036d}" for i in range(queue_index.TARGET_ENTRIES + 1)]
+async def _others(client: HordeClient, count: int = queue_index.TARGET_ENTRIES + 1) -> list[str]:
+    """An allow-list too long for the entries to name (a rule the index cannot see): workers that
+    exist (an allow-list naming an unknown one is refused) and serve a model nobody asks."""
+    key = await client.user("others")
+    for i in range(count):
+        assert (await client.pop(key, f"other{i}", models=["elsewhere-7B"])).status_code == 200
+    return [await _worker_id(client, f"other{i}") for i in range(count)]
 
 
 async def _behind_denied(client: HordeClient, model: str, count: int) -> tuple[str, str]:
-    """`count` requests for `model` that only the claim finds refuse the worker "denied" (`_OTHERS`),
+    """`count` requests for `model` that only the claim finds refuse the worker "denied" (`_others`),
     then one it may take: its owner's key and that request's id. (Several requesters: one would
     pass the per-minute limit of creations.)"""
     key = await client.user("owner")
     assert (await client.pop(key, "denied", models=[model])).json()["id"] is None
     rich = [await client.user(f"rich{i}", kudos=1_000_000) for i in range(4)]
+    others = await _others(client)
     for i in range(count):
-        response = await client.create(
-            rich[i % 4], models=[model], workers=_OTHERS, params={"max_length": 16}
-        )
+        response = await client.create(rich[i % 4], models=[model], workers=others, params={"max_length": 16})
         assert response.status_code == 202, response.text
     client.clock.advance(1)
     return key, (await client.create(ANON, models=[model], params={"max_length": 16})).json()["id"]
@@ -331,7 +336,7 @@ async def test_a_targeted_requests_entries_name_its_workers(client: HordeClient)
     denied = (await client.create(ANON, models=["t-7B"], workers=[a], worker_blacklist=True)).json()["id"]
     assert await _rows(client, pairs, r=denied) == [("t-7B", "")]
     client.clock.advance(1)
-    many = [f"{i:036d}" for i in range(queue_index.TARGET_ENTRIES)] + [b]
+    many = [*await _others(client, queue_index.TARGET_ENTRIES), b]
     crowd = (await client.create(ANON, models=["t-7B"], workers=many)).json()["id"]
     assert await _rows(client, pairs, r=crowd) == [("t-7B", "")]
     # Queue order: `both`, `denied` (refuses a), `crowd` (b only).
@@ -451,8 +456,9 @@ async def test_the_walk_skips_chat_requests_the_speed_gate_refuses(client: Horde
         assert response.status_code == 202, response.text
         return str(response.json()["id"])
 
+    [bystander] = await _others(client, 1)  # a deny-list names a worker that exists
     ahead = [
-        await chat(512, **({"worker_blacklist": ["nobody"]} if i % 2 else {}))
+        await chat(512, **({"worker_blacklist": [bystander]} if i % 2 else {}))
         for i in range(dispatch.POP_PAGE + 2)
     ]
     client.clock.advance(1)
