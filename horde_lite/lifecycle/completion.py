@@ -11,7 +11,7 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
-from horde_lite.lifecycle import kudos
+from horde_lite.lifecycle import kudos, owner_limits
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
@@ -148,7 +148,8 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         generation.state = "faulted"
         if not generation.fake:
             worker.faulted_jobs += 1
-            await give_back(session, horde, request, aborted=False, worker_id=worker.id)
+            await give_back(session, horde, request, aborted=False, worker=worker)
+            await owner_limits.note_failure(session, horde.settings, worker, now)
             await shadow_outcome(session, horde, generation, worker, request, "faulted")
             horde.notifier.on_commit(session, request.id, remote=request.waited)
         return 0.0
