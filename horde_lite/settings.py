@@ -114,12 +114,42 @@ class WorkerSettings(_Table):
     online_seconds: float = 300
     # A request with `slow_workers: false` skips workers slower than this (upstream's text rule).
     slow_tokens_per_second: float = 2.0
+    # Live workers one user may hold (counted at the pop that would create one; 0 = no limit):
+    # names are free, so without it one user could pass for many.
+    max_per_user: int = 3
+    # The same for trusted users and moderators.
+    max_per_trusted_user: int = 20
+    # An owner whose workers fail (fault or lapse) this many real jobs within the window has all
+    # its workers put in maintenance for the cool-down (0 = never).
+    owner_failure_limit: int = 10
+    owner_failure_window_seconds: float = 600
+    owner_failure_cooldown_seconds: float = 600
 
     def __post_init__(self) -> None:
         # The change log notes a check-in that jumps by more than this (a worker coming back): a
         # worker must not go offline sooner.
         if self.online_seconds <= CHECK_IN_NOTED_JUMP:
             raise ValueError(f"[worker] online_seconds must be > {CHECK_IN_NOTED_JUMP:g}")
+        if min(self.max_per_user, self.max_per_trusted_user, self.owner_failure_limit) < 0:
+            raise ValueError(
+                "[worker] max_per_user, max_per_trusted_user and owner_failure_limit must be >= 0 "
+                "(0 turns a limit off)"
+            )
+        if self.owner_failure_window_seconds <= 0 or self.owner_failure_cooldown_seconds < 0:
+            raise ValueError(
+                "[worker] needs owner_failure_window_seconds > 0 and owner_failure_cooldown_seconds >= 0"
+            )
+
+
+class SharedKeySettings(_Table):
+    # Shared keys one user may hold (each has its own budget and is its own rate-limit key; 0 = no
+    # limit), and the same for trusted users and moderators.
+    max_per_user: int = 10
+    max_per_trusted_user: int = 100
+
+    def __post_init__(self) -> None:
+        if self.max_per_user < 0 or self.max_per_trusted_user < 0:
+            raise ValueError("[sharedkeys] limits must be >= 0 (0 turns a limit off)")
 
 
 class RequestSettings(_Table):
@@ -130,10 +160,10 @@ class RequestSettings(_Table):
     max_waiting_per_user: int = 100
     # The anonymous key is shared by everyone who has no account.
     max_waiting_anonymous: int = 2000
-    # Most requests' failures tolerated before the request is faulted.
+    # A request is faulted once more than this many distinct OWNERS' workers failed it.
     max_failures: int = 2
     # A job's output (its streamed progress and its submitted result) holds at most
-    # max_length x this many characters, plus a fixed slack (lifecycle/bounds.py).
+    # max_length x this many characters, plus a fixed slack (lifecycle/output_bounds.py).
     output_chars_per_token: int = 16
     # The most worker ids one `workers` or `worker_blacklist` list may name.
     max_worker_list: int = 200
@@ -153,7 +183,7 @@ class ChatSettings(_Table):
     # PostgreSQL LISTEN/NOTIFY across processes), so this only bounds what no wake-up reaches.
     poll_seconds: float = 3.0
     # Accepted progress posts of one streaming job: at most progress_burst plus
-    # progress_per_second for every second since its pop (lifecycle/bounds.py).
+    # progress_per_second for every second since its pop (lifecycle/output_bounds.py).
     progress_per_second: float = 10.0
     progress_burst: int = 32
 
@@ -250,6 +280,7 @@ class Settings(_Table):
     speed: SpeedSettings = msgspec.field(default_factory=SpeedSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     request: RequestSettings = msgspec.field(default_factory=RequestSettings)
+    sharedkeys: SharedKeySettings = msgspec.field(default_factory=SharedKeySettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     allowance: AllowanceSettings = msgspec.field(default_factory=AllowanceSettings)
     kudos: KudosSettings = msgspec.field(default_factory=KudosSettings)

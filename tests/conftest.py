@@ -164,11 +164,15 @@ def is_postgres(url: str) -> bool:
     return url.startswith("postgresql")
 
 
-# Test settings: the sweep does not run by itself (tests call it, after moving the clock).
+# Test settings: the sweep does not run by itself (tests call it, after moving the clock). The
+# per-user limits and the owner failure rule are off, as tests give one user many workers and
+# faults; tests/integration/test_owner_limits.py turns them on (make_settings).
 TEST_OVERRIDES: dict[str, dict[str, object]] = {
     "database": {"null_pool": True},
     "lease": {"sweep_seconds": 0},
     "chat": {"grace_seconds": 2},
+    "worker": {"max_per_user": 0, "max_per_trusted_user": 0, "owner_failure_limit": 0},
+    "sharedkeys": {"max_per_user": 0, "max_per_trusted_user": 0},
 }
 
 

@@ -58,6 +58,8 @@ RC_STATUS: dict[str, int] = {
     "AnonForbidden": 403,
     "AnonForbiddenWorker": 403,
     "WorkerMaintenance": 403,
+    "TooManyWorkers": 403,
+    "TooManySharedKeys": 403,
     "NotModerator": 403,
     "Forbidden": 403,
     "RequestNotFound": 404,

@@ -1,6 +1,6 @@
 """The bounds every amount of kudos lies in, as the database enforces them.
 
-Each column below is checked by the database itself (migration 0020): a CHECK constraint on
+Each column below is checked by the database itself (a migration): a CHECK constraint on
 PostgreSQL, and on SQLite, which cannot add a constraint to a table without rebuilding it (and
 losing its triggers), a pair of BEFORE INSERT / BEFORE UPDATE triggers that abort. Both name
 `BOUNDED_MARK`, so the HTTP faces tell a refused amount (a 400) from a database fault. The code

@@ -49,6 +49,11 @@ class User(Base):
     moderator: Mapped[bool] = mapped_column(Boolean, default=False)
     anonymous: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
+    # When the user's workers' newest real jobs failed (faulted or lapsed), inside the owner
+    # failure window and at most `[worker] owner_failure_limit` of them (lifecycle/owner_limits.py).
+    recent_failures: Mapped[list[float]] = mapped_column(JsonList, default=list, server_default="[]")
+    # Until then the user's workers are held in maintenance: a check-in puts one back in.
+    failure_cooldown_until: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
 
 
 class SharedKey(Base):
@@ -200,9 +205,13 @@ class TextRequest(Base):
     n_remaining: Mapped[int] = mapped_column(Integer, default=1)
     restarts: Mapped[int] = mapped_column(Integer, default=0)
     failures: Mapped[int] = mapped_column(Integer, default=0)
-    # Ids of the workers whose job of this request lapsed or faulted: never offered it again, and
-    # the request is faulted only when more than `max_failures` distinct workers failed it.
+    # Ids of the workers whose job of this request lapsed or faulted: never offered it again.
     failed_workers: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
+    # The owners of those workers (user ids as strings, as the JSON list tests compare text): every
+    # worker of theirs, named then or later, is refused, and the request is faulted only when more
+    # than `max_failures` distinct owners failed it. A new owner here always comes with a new
+    # worker in `failed_workers`, whose change the change log's triggers note.
+    failed_owners: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
     initial_priority: Mapped[float] = mapped_column(Float, default=0.0)
     # created - initial_priority / 5 s: sorts like upstream's growing priority, without rewrites.
     effective_start: Mapped[float] = mapped_column(Float)
@@ -294,6 +303,19 @@ class QueueRefusal(Base):
         ForeignKey("text_requests.id", ondelete="CASCADE"), primary_key=True
     )
     worker_id: Mapped[str] = mapped_column(ID, primary_key=True)
+
+
+class QueueOwnerRefusal(Base):
+    """An owner a request refuses, for good, since one of its workers failed it
+    (settlement.give_back): all its workers, those it names later too. Beside queue_refusals, as
+    that table is beside the deny-list and failed workers: a walk skips these inside its statement."""
+
+    __tablename__ = "queue_owner_refusals"
+
+    request_id: Mapped[str] = mapped_column(
+        ForeignKey("text_requests.id", ondelete="CASCADE"), primary_key=True
+    )
+    owner_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
 
 
 class Generation(Base):

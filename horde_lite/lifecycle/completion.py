@@ -11,12 +11,12 @@ from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, User, Worker
-from horde_lite.lifecycle import kudos, prices
-from horde_lite.lifecycle.bounds import check_submit
+from horde_lite.lifecycle import kudos, owner_limits, prices
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SubmitInput
 from horde_lite.lifecycle.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
+from horde_lite.lifecycle.output_bounds import check_submit
 from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
 from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key
 from horde_lite.lifecycle.workers import record_speed_sample
@@ -151,7 +151,8 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         generation.state = "faulted"
         if not generation.fake:
             worker.faulted_jobs += 1
-            await give_back(session, horde, request, aborted=False, worker_id=worker.id)
+            await give_back(session, horde, request, aborted=False, worker=worker)
+            await owner_limits.note_failure(session, horde.settings, worker, now)
             await shadow_outcome(session, horde, generation, worker, request, "faulted")
             horde.notifier.on_commit(session, request.id, remote=request.waited)
         return 0.0

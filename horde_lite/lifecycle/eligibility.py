@@ -14,11 +14,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, TypeVar, cast
 
-from sqlalchemy import Float, Text, and_, bindparam, exists, func, not_, or_, select, true
+from sqlalchemy import Float, String, Text, and_, bindparam, exists, func, not_, or_, select, true
+from sqlalchemy import cast as sql_cast
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import QueueRefusal, TextRequest, Worker
+from horde_lite.db.models import QueueOwnerRefusal, QueueRefusal, TextRequest, Worker
 from horde_lite.db.sqltypes import TextArrayContainsAll, TextArrayHas, TextArraysOverlap
 from horde_lite.policies.protocols import GateInputs, GateSql, SpeedGate
 from horde_lite.settings import Settings
@@ -105,13 +106,20 @@ def allow_list_admits(r: RequestRow, worker_id: ColumnElement[Any]) -> ColumnEle
 
 def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
     """The request's own choice of workers (allow-list, deny-list, trusted owners only), and its
-    history: a worker whose job of it lapsed or faulted is never offered it again."""
+    history: a worker whose job of it lapsed or faulted is never offered it again, nor is any
+    other worker of that worker's owner (names are free; owners are who fails a request)."""
     return and_(
         allow_list_admits(r, w.id),
         not_(TextArrayHas(r.worker_deny, w.id)),
         or_(not_(r.trusted_workers), w.trusted),
         not_(TextArrayHas(r.failed_workers, w.id)),
+        not_(TextArrayHas(r.failed_owners, owner_text(w.owner_id))),
     )
+
+
+def owner_text(owner_id: Any) -> ColumnElement[str]:
+    """A user id as `failed_owners` holds it (text: the JSON list tests compare strings)."""
+    return sql_cast(owner_id, String)
 
 
 def _serving(cw: WorkerRow, rules: Rules) -> list[ColumnElement[bool]]:
@@ -151,6 +159,13 @@ def refuses_by_name(request_id: Any, worker_id: Any) -> ColumnElement[bool]:
     return exists(select(1).where(x.request_id == request_id, x.worker_id == worker_id).correlate_except(x))
 
 
+def refuses_owner(request_id: Any, owner_id: Any) -> ColumnElement[bool]:
+    """The request refuses every worker of the owner, since one of them failed it (a probe of
+    queue_owner_refusals' key, read by the walks beside `refuses_by_name`)."""
+    x = QueueOwnerRefusal
+    return exists(select(1).where(x.request_id == request_id, x.owner_id == owner_id).correlate_except(x))
+
+
 def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]:
     """`capable_worker_online` asked of a queue entry `e` (a QueueEntry row or alias): true only
     for a plain chat entry (see QueueEntry.plain; a chat entry's `need_context` is the prompt and
@@ -170,6 +185,7 @@ def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]
         or_(not_(e.trusted_workers), cw.trusted),
         or_(e.target == "", cw.id == e.target),
         not_(refuses_by_name(e.request_id, cw.id)),
+        not_(refuses_owner(e.request_id, cw.owner_id)),
     ]
     return and_(e.plain, e.is_chat, exists(select(1).select_from(cw).where(*clauses).correlate_except(cw)))
 
@@ -292,6 +308,7 @@ class RequestFacts:
     slow_workers: bool = True
     nsfw: bool = False
     failed_workers: frozenset[str] = field(default_factory=frozenset)
+    failed_owners: frozenset[str] = field(default_factory=frozenset)  # user ids as text
 
 
 def _serves(w: WorkerFacts, r: RequestFacts) -> bool:
@@ -315,6 +332,7 @@ def _targeting(w: WorkerFacts, r: RequestFacts) -> bool:
         and w.id not in r.worker_deny
         and (not r.trusted_workers or w.trusted)
         and w.id not in r.failed_workers
+        and str(w.owner_id) not in r.failed_owners
     )
 
 
@@ -381,12 +399,13 @@ WORKER_FACT_JSON = frozenset(("models", "chat_features", "chat_image_transports"
 REQUEST_FACT_COLUMNS = (
     "user_id", "is_chat", "max_length", "max_context_length", "prompt_tokens", "models", "any_model",
     "required_features", "required_transports", "targeted", "worker_allow", "worker_deny",
-    "trusted_workers", "slow_workers", "nsfw", "failed_workers",
+    "trusted_workers", "slow_workers", "nsfw", "failed_workers", "failed_owners",
 )  # fmt: skip
 # Of those, the JSON lists, which a bulk reader may select as text (`cast(column, Text)`).
 REQUEST_FACT_JSON = frozenset(
-    ("models", "required_features", "required_transports", "worker_allow", "worker_deny", "failed_workers")
-)
+    ("models", "required_features", "required_transports", "worker_allow", "worker_deny", "failed_workers",
+     "failed_owners")
+)  # fmt: skip
 
 
 def fact_columns(entity: Any, names: Sequence[str], json: frozenset[str]) -> tuple[Any, ...]:
@@ -436,7 +455,8 @@ def request_facts_of(values: Sequence[Any]) -> RequestFacts:
     them: a request with no models takes any worker; an allow-list counts only when the request
     is targeted."""
     (user_id, is_chat, max_length, max_context_length, prompt_tokens, models, any_model, features,
-     transports, targeted, allow, deny, trusted_workers, slow_workers, nsfw, failed) = values  # fmt: skip
+     transports, targeted, allow, deny, trusted_workers, slow_workers, nsfw, failed,
+     owners) = values  # fmt: skip
     return RequestFacts(
         user_id,
         is_chat,
@@ -452,4 +472,5 @@ def request_facts_of(values: Sequence[Any]) -> RequestFacts:
         slow_workers,
         nsfw,
         _set(failed),
+        _set(owners),
     )

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
-from horde_lite.lifecycle import kudos, queue_index
+from horde_lite.lifecycle import kudos, owner_limits, queue_index
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
@@ -24,14 +24,26 @@ T = TypeVar("T")
 
 
 async def lapse(
-    session: AsyncSession, horde: Horde, generation: Generation, worker: Worker, request: TextRequest
+    session: AsyncSession,
+    horde: Horde,
+    generation: Generation,
+    worker: Worker,
+    request: TextRequest,
+    *,
+    noted: list[Worker] | None = None,
 ) -> None:
-    """Abort one generation whose lease ran out: the job is delayed, not lost."""
+    """Abort one generation whose lease ran out: the job is delayed, not lost. The failure counts
+    against the worker's owner now, or is appended to `noted` for the caller to count once it has
+    locked every request and worker it will (a users row is locked after them)."""
     generation.state = "aborted"
     if generation.fake:
         return
     worker.aborted_jobs += 1
-    await give_back(session, horde, request, aborted=True, worker_id=worker.id)
+    await give_back(session, horde, request, aborted=True, worker=worker)
+    if noted is None:
+        await owner_limits.note_failure(session, horde.settings, worker, horde.clock.now())
+    else:
+        noted.append(worker)
     await shadow_outcome(session, horde, generation, worker, request, "aborted")
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info("lease lapsed generation=%s request=%s worker=%s", generation.id, request.id, worker.id)
@@ -99,6 +111,7 @@ async def lapse_expired(
     # must honour the lapse waits for it.
     sweeping = request_id is None
     count = 0
+    noted: list[Worker] = []
     for rid in request_ids:
         # Lock order: the request, then its generations, then the worker (as submit and cancel).
         locked = (
@@ -122,8 +135,12 @@ async def lapse_expired(
                 Worker, generation.worker_id, with_for_update=True, populate_existing=True
             )
             if worker is not None:
-                await lapse(session, horde, generation, worker, request)
+                await lapse(session, horde, generation, worker, request, noted=noted)
                 count += 1
+    # The owners' users rows last, in ascending id (the lock order): waiting for the next worker
+    # row while holding an owner's could deadlock with that worker's submit, which locks users rows.
+    for worker in sorted(noted, key=lambda w: w.owner_id):
+        await owner_limits.note_failure(session, horde.settings, worker, now)
     await session.flush()
     return count
 

@@ -424,7 +424,7 @@ def raw_key(q: RequestFacts) -> tuple[tuple[Any, ...], int]:
     need = q.prompt_tokens + q.max_length if q.is_chat else q.max_context_length
     key = (bool(q.is_chat), q.max_length, need, q.models, q.required_features, q.required_transports,
            q.worker_allow, q.worker_deny, bool(q.trusted_workers), bool(q.slow_workers), bool(q.nsfw),
-           q.failed_workers)  # fmt: skip
+           q.failed_workers, q.failed_owners)  # fmt: skip
     return key, need
 
 

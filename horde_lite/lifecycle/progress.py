@@ -8,7 +8,7 @@ delta to the generation, extends the lease to at least now + `lease.progress_ext
 beyond `popped_at + lease.max_seconds`, and wakes the chat front waiting on the request. The answer
 tells the worker when its lease now ends and whether to stop (the client went away or the request was
 cancelled). A post that is one too many, too fast, or would take the job's output past its bound is
-refused before anything changes (lifecycle/bounds.py).
+refused before anything changes (lifecycle/output_bounds.py).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.lifecycle.bounds import check_progress
 from horde_lite.lifecycle.completion import load_generation_for_worker, require_live
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ProgressInput
 from horde_lite.lifecycle.lease import as_lease_holder
+from horde_lite.lifecycle.output_bounds import check_progress
 
 
 @dataclass(frozen=True, slots=True)

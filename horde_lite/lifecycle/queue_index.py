@@ -5,7 +5,8 @@
 created_at, request id) and carrying the length limits and choices a worker must meet; a request
 targeted at a few workers has one row per model and worker, so the others' walks skip it inside
 the index; `queue_refusals` holds the workers each request refuses by name (its deny-list, the
-workers that failed it), which walks skip too. The pop walks it per model through its index
+workers that failed it) and `queue_owner_refusals` the owners it refuses (those whose workers
+failed it), which walks skip too. The pop walks it per model through its index
 instead of judging the whole queue: its cost follows what the worker can take, not the queue's
 length (docs/explanation/dispatch.md). The wait estimate walks its own copy of the queue in memory
 (lifecycle/mirror.py).
@@ -43,7 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import QueueEntry, QueueRefusal, TextRequest, Worker
+from horde_lite.db.models import QueueEntry, QueueOwnerRefusal, QueueRefusal, TextRequest, Worker
 from horde_lite.db.sqltypes import JsonList
 from horde_lite.lifecycle.eligibility import (
     Rules,
@@ -53,6 +54,7 @@ from horde_lite.lifecycle.eligibility import (
     fast_enough,
     gate_admits,
     refuses_by_name,
+    refuses_owner,
     serves_models,
 )
 from horde_lite.policies.protocols import GateSql
@@ -87,6 +89,7 @@ class Limits:
     inside the index, entries the worker could never take."""
 
     worker_id: str
+    owner_id: int
     max_length: int
     max_context_length: int
     chat_max_completion_tokens: int | None
@@ -106,6 +109,7 @@ class Limits:
     def of(cls, worker: Worker, rules: Rules) -> Limits:
         return cls(
             worker.id,
+            worker.owner_id,
             worker.max_length,
             worker.max_context_length,
             worker.chat_max_completion_tokens,
@@ -201,8 +205,18 @@ async def refuse(session: AsyncSession, request_id: str, workers: Iterable[str])
         await session.execute(insert(QueueRefusal.__table__), rows)
 
 
+async def refuse_owner(session: AsyncSession, request_id: str, owner_id: int) -> None:
+    """The request refuses every worker of `owner_id` for good (one of them failed it); the owner
+    is not refused already."""
+    refusal = {"request_id": request_id, "owner_id": owner_id}
+    await session.execute(insert(QueueOwnerRefusal.__table__), [refusal])
+
+
 def _not_refused(request_id: Any) -> ColumnElement[bool]:
-    return not_(refuses_by_name(request_id, bindparam("worker_id")))
+    return and_(
+        not_(refuses_by_name(request_id, bindparam("worker_id"))),
+        not_(refuses_owner(request_id, bindparam("owner_id"))),
+    )
 
 
 def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:
@@ -360,6 +374,7 @@ def _values(
         values[f"walk_model_{i}"] = model
     if limits is not None:
         values.update(worker_id=limits.worker_id, capacity=limits.capacity, now=limits.rules.now)
+        values["owner_id"] = limits.owner_id
         values["longest"] = limits.max_length
         values["max_length"] = limits.max_length
         values["max_context_length"] = limits.max_context_length

@@ -61,23 +61,30 @@ async def maybe_finish(session: AsyncSession, request: TextRequest, *, ended: st
 
 
 async def give_back(
-    session: AsyncSession, horde: Horde, request: TextRequest, *, aborted: bool, worker_id: str
+    session: AsyncSession, horde: Horde, request: TextRequest, *, aborted: bool, worker: Worker
 ) -> None:
-    """A lapsed or faulted job returns to its request (n += 1), and its worker is never offered the
-    request again. The request is faulted only when more than `max_failures` DISTINCT workers failed
-    it: one worker failing over and over cannot fault other people's requests."""
+    """A real job that lapsed or faulted returns to its request (n += 1), and neither its worker nor
+    any other worker of its owner is offered the request again. The request is faulted only when
+    more than `max_failures` DISTINCT OWNERS' workers failed it: names are free, so one user
+    failing it under many names, or over and over, cannot fault other people's requests. The
+    caller also counts the failure against the owner (`owner_limits.note_failure`), once it holds
+    every request and worker row it will lock."""
     request.failures += 1
     if aborted:
         request.restarts += 1
-    newly_failed = worker_id not in (request.failed_workers or [])
-    if newly_failed:
+    worker_id, owner = worker.id, str(worker.owner_id)
+    if worker_id not in (request.failed_workers or []):
         request.failed_workers = [*(request.failed_workers or []), worker_id]  # a new list: a change
         if worker_id not in (request.worker_deny or []):  # a deny-list's workers are refused already
             await queue_index.refuse(session, request.id, [worker_id])
+    # Another worker of a refused owner can still fail a job it took before the first failure.
+    if owner not in (request.failed_owners or []):
+        request.failed_owners = [*(request.failed_owners or []), owner]
+        await queue_index.refuse_owner(session, request.id, worker.owner_id)
     if request.state != "waiting":
         await maybe_finish(session, request)
         return
-    if len(request.failed_workers) > horde.settings.request.max_failures:
+    if len(request.failed_owners) > horde.settings.request.max_failures:
         request.state = "faulted"
         request.n_remaining = 0
         await queue_index.leave(session, request.id)

@@ -12,6 +12,7 @@ import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import SharedKey, User
+from horde_lite.lifecycle import owner_limits
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SharedKeyInput, SharedKeyPatch
@@ -46,6 +47,7 @@ async def create(horde: Horde, caller: Caller, body: SharedKeyInput) -> SharedKe
         owner = await authenticate_user(session, caller.apikey, now)
         if owner.anonymous:
             raise HordeError("AnonForbidden", "The anonymous user cannot make shared keys.")
+        await owner_limits.room_for_a_shared_key(session, horde.settings, owner)
         key = new_shared_key()
         shared = SharedKey(key_hash=hash_key(key), user_id=owner.id, created_at=now, utilized=0.0)
         _apply(shared, body, now)

@@ -17,6 +17,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
 from horde_lite.db.models import User, Worker, WorkerModel
+from horde_lite.lifecycle import owner_limits
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
@@ -154,8 +155,9 @@ async def check_in(
     worker: Worker | None = None,
 ) -> Worker:
     """Create the worker on its first pop, else store its new declarations. Raises for a name
-    owned by someone else, and for the anonymous user. `worker`: the named worker's row, when the
-    caller has read it locked (`authenticate_worker`)."""
+    owned by someone else, for the anonymous user, and for an owner at its limit of workers (the
+    pop that would create one more; its existing workers keep working). `worker`: the named
+    worker's row, when the caller has read it locked (`authenticate_worker`)."""
     if owner.anonymous:
         raise HordeError("AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
@@ -165,23 +167,14 @@ async def check_in(
     if worker is None:
         worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
     if worker is None:
-        name = clean_worker_name(body.name)
-        try:
-            async with session.begin_nested():
-                worker = Worker(
-                    id=str(uuid.uuid4()), name=name, name_key=key, owner_id=owner.id, created_at=now,
-                    last_check_in=now, speed_samples=[],
-                )  # fmt: skip
-                session.add(worker)
-                await session.flush()
-        except IntegrityError:  # another pop created this worker first (PostgreSQL)
-            worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one()
+        worker = await _create(session, owner, body.name, key, settings, now)
     if worker.owner_id != owner.id:
         raise HordeError("WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
     models = declared_models(body)
     priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
     for column, value in _declared(worker, owner, body, priority_user_ids, settings).items():
         setattr(worker, column, value)
+    owner_limits.hold_in_maintenance(worker, owner, settings, now)
     if check_in_is_due(worker.last_check_in, now):
         worker.last_check_in = now
     if worker.models != models:
@@ -190,6 +183,31 @@ async def check_in(
         await session.execute(delete(WorkerModel).where(WorkerModel.worker_id == worker.id))
         session.add_all(WorkerModel(worker_id=worker.id, model=m) for m in models)
     await session.flush()
+    return worker
+
+
+async def _create(
+    session: AsyncSession, owner: User, wanted: str, key: str, settings: Settings, now: float
+) -> Worker:
+    """A first pop's new worker, within the owner's limit of workers. The owner's users row is
+    locked first, so concurrent first pops count one after the other; one that waited looks for
+    the name again, which the other may have created meanwhile (then it is that worker)."""
+    name = clean_worker_name(wanted)
+    await owner_limits.lock_user(session, owner)
+    worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
+    if worker is not None:
+        return worker
+    await owner_limits.room_for_a_worker(session, settings, owner)
+    try:
+        async with session.begin_nested():
+            worker = Worker(
+                id=str(uuid.uuid4()), name=name, name_key=key, owner_id=owner.id, created_at=now,
+                last_check_in=now, speed_samples=[],
+            )  # fmt: skip
+            session.add(worker)
+            await session.flush()
+    except IntegrityError:  # another owner's pop created this name first (PostgreSQL)
+        worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one()
     return worker
 
 
@@ -230,6 +248,8 @@ async def check_in_need(
     declaration, owner's trust or capacity (and for a pop `check_in` refuses)."""
     if owner.anonymous or worker.owner_id != owner.id or worker.models != declared_models(body):
         return "all"
+    if owner_limits.cooling(owner, now) and not worker.maintenance:
+        return "all"  # the check-in puts it back into maintenance
     priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
     declared = _declared(worker, owner, body, priority_user_ids, settings)
     if any(getattr(worker, column) != value for column, value in declared.items()):
@@ -360,6 +380,18 @@ async def _rename(session: AsyncSession, worker: Worker, wanted: str) -> str:
     return name
 
 
+async def _lifting(session: AsyncSession, actor: User, worker: Worker, now: float) -> None:
+    """Maintenance lifted while the owner's failure cool-down runs: refused to the owner; a
+    moderator's lift ends the cool-down (else the worker's next check-in would put it back). The
+    owner's users row is locked after the worker's (docs/explanation/locking.md)."""
+    owner = await session.get(User, worker.owner_id, with_for_update=True, populate_existing=True)
+    if owner is None or not owner_limits.cooling(owner, now):
+        return
+    if not actor.moderator:
+        owner_limits.refuse_early_lift(owner, now)
+    owner.failure_cooldown_until = 0.0
+
+
 async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: WorkerUpdate) -> WorkerChange:
     """PUT /workers/{id}. Maintenance, info, name and team: the owner or a moderator; paused:
     moderators only. Every permission is checked before anything changes."""
@@ -376,6 +408,8 @@ async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: Work
             raise HordeError("NotModerator", "Only a moderator can pause a worker.")
         if body.team:
             raise HordeError("TeamNotFound", 'horde_lite has no teams; send team "" or leave it out.')
+        if body.maintenance is False and worker.maintenance:
+            await _lifting(session, actor, worker, horde.clock.now())
         if body.maintenance is not None:
             worker.maintenance = body.maintenance
         if body.maintenance_msg is not None:

@@ -60,6 +60,7 @@ from sqlalchemy.orm import aliased
 
 from horde_lite.db.models import (
     QueueEntry,
+    QueueOwnerRefusal,
     QueueRefusal,
     RequestModel,
     TextRequest,
@@ -161,6 +162,7 @@ def examples(settings: Settings | None = None) -> Any:
         is_chat = draw(st.booleans())
         max_length = draw(sizes)
         ids = st.sampled_from([f"w{i}" for i in range(fleet_size + 1)])  # one id matches no worker
+        owners = st.sampled_from([str(u) for u in USER_IDS])
         targeting = draw(st.sampled_from(("none", "none", "allow", "deny")))
         features = draw(subsets(FEATURES)) if is_chat else frozenset()
         transports = draw(subsets(TRANSPORTS)) if is_chat else frozenset()
@@ -186,6 +188,7 @@ def examples(settings: Settings | None = None) -> Any:
             slow_workers=draw(st.sampled_from((True, True, False))),
             nsfw=draw(rare),
             failed_workers=draw(st.frozensets(ids, max_size=2)) if draw(rare) else frozenset(),
+            failed_owners=draw(st.frozensets(owners, max_size=1)) if draw(rare) else frozenset(),
         )
 
     @st.composite
@@ -263,6 +266,16 @@ def seed_examples(settings: Settings | None = None) -> list[Example]:
                 ("r1", replace(plain, worker_deny=frozenset({"w1"}))),
             ),
         ),
+        # Failed by a worker of the capable worker's owner: the owner's other workers are refused
+        # too, so the capable one neither takes it nor counts as capable (nor does the slow one,
+        # when they share the owner).
+        Example(
+            workers=(slow, no_tools, replace(capable, id="w2")),
+            requests=(
+                ("r0", replace(chat, failed_owners=frozenset({str(capable.owner_id)}))),
+                ("r1", replace(plain, failed_owners=frozenset({str(capable.owner_id)}))),
+            ),
+        ),
         # Capable for another model only: a request for that model, and the plain one that is not.
         Example(
             workers=(slow, elsewhere),
@@ -328,6 +341,7 @@ def _request_row(request_id: str, r: RequestFacts) -> dict[str, Any]:
         "worker_allow": sorted(r.worker_allow) if targeted else [],
         "worker_deny": sorted(r.worker_deny),
         "failed_workers": sorted(r.failed_workers),
+        "failed_owners": sorted(r.failed_owners),
         "trusted_workers": r.trusted_workers,
         "slow_workers": r.slow_workers,
         "nsfw": r.nsfw,
@@ -369,7 +383,14 @@ async def _write(conn: AsyncConnection, example: Example) -> None:
             await conn.execute(insert(WorkerModel), models)
     await conn.execute(
         insert(TextRequest),
-        [{**_request_row(rid, r), "user_id": users[r.user_id]} for rid, r in example.requests],
+        [
+            {
+                **_request_row(rid, r),
+                "user_id": users[r.user_id],
+                "failed_owners": sorted(str(users[int(o)]) for o in r.failed_owners),
+            }
+            for rid, r in example.requests
+        ],
     )
     wanted = [{"request_id": rid, "model": m} for rid, r in example.requests for m in sorted(r.models)]
     if wanted:
@@ -381,6 +402,11 @@ async def _write(conn: AsyncConnection, example: Example) -> None:
     ]
     if refusals:
         await conn.execute(insert(QueueRefusal), refusals)
+    owners = [
+        {"request_id": rid, "owner_id": users[int(o)]} for rid, r in example.requests for o in r.failed_owners
+    ]
+    if owners:
+        await conn.execute(insert(QueueOwnerRefusal), owners)
 
 
 async def _pairs(conn: AsyncConnection, *where: Any) -> set[tuple[str, str]]:

@@ -19,7 +19,8 @@ import pytest
 from horde_lite.api.openai.schemas import ChatCompletionInput, to_payload
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import READ_ONLY
-from horde_lite.lifecycle import bounds, chat_front
+from horde_lite.lifecycle import chat_front
+from horde_lite.lifecycle import output_bounds as bounds
 from horde_lite.lifecycle.context import Caller
 from horde_lite.lifecycle.waiting import Delta, Final, Waiter
 from horde_lite.settings import Settings
@@ -370,7 +371,7 @@ async def test_tool_call_fragments_posted_after_the_last_read_reach_the_stream(c
         waiter.close()
 
 
-# --- bounds (lifecycle/bounds.py) --------------------------------------------------------------------
+# --- bounds (lifecycle/output_bounds.py) --------------------------------------------------------------------
 
 
 async def test_streamed_output_is_bounded_by_the_jobs_tokens(chat: Chat) -> None:

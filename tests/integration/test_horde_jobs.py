@@ -184,9 +184,10 @@ async def test_submit_after_the_lease_lapsed_is_aborted_even_before_the_sweep(cl
     assert (status["restarted"], status["waiting"], status["processing"], status["finished"]) == (1, 1, 0, 0)
     assert (await _worker(client, "w1"))["aborted_jobs"] == 1
     assert await client.balance("owner") == 0
-    # Asking again gives the same answer; the job is offered again.
+    # Asking again gives the same answer; the job is offered again, to another owner's workers.
     assert (await client.submit(owner, job["id"], "still")).json()["rc"] == "AbortedGen"
-    assert (await client.pop(owner, "w2")).json()["id"] is not None
+    assert (await client.pop(owner, "w2")).json()["id"] is None
+    assert (await client.pop(await client.user("other"), "x1")).json()["id"] is not None
 
 
 async def test_a_late_post_keeps_the_lapse_it_finds(client: HordeClient) -> None:
@@ -406,9 +407,10 @@ async def test_sweep_aborts_lapsed_jobs_and_gives_them_back(client: HordeClient)
     assert (status["restarted"], status["waiting"], status["processing"]) == (1, 1, 1)
     assert (await client.submit(owner, first, "late")).json()["rc"] == "AbortedGen"
     assert (await client.submit(owner, second, "fine")).status_code == 200
-    third = (await client.pop(owner, "w3")).json()["id"]
+    other = await client.user("other")  # w1's owner is refused since its lapse
+    third = (await client.pop(other, "w3")).json()["id"]
     assert third not in (first, second)
-    assert (await client.submit(owner, third, "redo")).status_code == 200
+    assert (await client.submit(other, third, "redo")).status_code == 200
     status = (await client.status(request_id)).json()
     assert status["done"] is True
     assert status["finished"] == 2
@@ -432,7 +434,8 @@ async def test_faulted_submit_gives_the_job_back(client: HordeClient) -> None:
     assert (await _worker(client, "w1"))["faulted_jobs"] == 1
     assert await client.balance("owner") == 0
     assert (await client.pop(owner, "w1")).json()["id"] is None  # w1 failed it: never offered again
-    again = (await client.pop(owner, "w2")).json()
+    assert (await client.pop(owner, "w2")).json()["id"] is None  # nor to its owner's other workers
+    again = (await client.pop(await client.user("other"), "x1")).json()
     assert again["id"] not in (None, job["id"])
     assert (await client.submit(owner, job["id"], "x", state="faulted")).json()["rc"] == "DuplicateGen"
 
@@ -442,8 +445,8 @@ async def test_more_than_two_failures_fault_the_request(client: HordeClient) -> 
     rich = await client.user("rich", kudos=1000)
     request_id = (await client.create(rich, slow_workers=False, params={"n": 2})).json()["id"]
     assert await _rows(client, "SELECT active FROM kudos_holds") == [(True,)]
-    # Failure 1: a lapse; failures 2 and 3: faults, each by another worker (one worker's failures
-    # count once). Meanwhile another job of it keeps running.
+    # Failure 1: a lapse; failures 2 and 3: faults, each by another owner's worker (one owner's
+    # failures count once). Meanwhile another job of it keeps running.
     lapsing = (await client.pop(owner, "w1")).json()["id"]
     client.clock.advance(140)
     keep = (await client.pop(owner, "w0")).json()["id"]
@@ -451,9 +454,10 @@ async def test_more_than_two_failures_fault_the_request(client: HordeClient) -> 
     await client.sweep()
     assert (await client.status(request_id)).json()["restarted"] == 1
     for name in ("w2", "w3"):
-        job = (await client.pop(owner, name)).json()
+        failing = await client.user(f"owner-of-{name}")
+        job = (await client.pop(failing, name)).json()
         assert job["id"] is not None
-        await client.submit(owner, job["id"], "", state="faulted")
+        await client.submit(failing, job["id"], "", state="faulted")
     status = (await client.status(request_id)).json()
     assert status["faulted"] is True
     assert (status["waiting"], status["processing"]) == (0, 1)

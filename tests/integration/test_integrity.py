@@ -99,23 +99,27 @@ async def test_a_lapsed_worker_is_not_offered_the_request_again(client: HordeCli
     assert (await client.pop(owner, "slow")).json()["id"] is not None
     client.clock.advance(151)
     await client.sweep()
-    # The request refuses it by name from now on, so its walks skip the request.
+    # The request refuses it by name, and its owner, from now on, so its walks skip the request.
     refused = await rows(
         client, "SELECT r.worker_id FROM queue_refusals r JOIN workers w ON w.id = r.worker_id"
     )
     assert refused == await rows(client, "SELECT id FROM workers WHERE name = 'slow'")
+    owners = await rows(client, "SELECT owner_id FROM queue_owner_refusals")
+    assert owners == await rows(client, "SELECT owner_id FROM workers WHERE name = 'slow'")
     assert (await client.pop(owner, "slow")).json()["id"] is None
-    assert (await client.pop(owner, "fresh")).json()["id"] is not None
+    assert (await client.pop(owner, "fresh")).json()["id"] is None  # a new name of the same owner
+    other = await client.user("other")
+    assert (await client.pop(other, "fresh2")).json()["id"] is not None
 
 
-async def test_a_request_is_faulted_when_more_than_max_failures_distinct_workers_failed(
+async def test_a_request_is_faulted_when_more_than_max_failures_distinct_owners_failed(
     client: HordeClient,
 ) -> None:
-    owner = await client.user("owner")
     created = (await client.create(ANON)).json()["id"]
     limit = client.horde.settings.request.max_failures
     for i in range(limit + 1):
         assert (await client.status(created)).json()["faulted"] is False
+        owner = await client.user(f"owner{i}")
         job = (await client.pop(owner, f"w{i}")).json()
         assert (await client.submit(owner, job["id"], "", state="faulted")).status_code == 200
     assert (await client.status(created)).json()["faulted"] is True

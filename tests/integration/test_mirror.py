@@ -245,9 +245,10 @@ async def test_the_copy_follows_every_kind_of_change(client: HordeClient) -> Non
     await agrees()
     await client.submit(owner, first, state="faulted")  # the job back: n 3 again, w1 failed it
     await agrees()
-    await client.pop(owner, "w2", models=["f-7B", "g-7B"], max_length=1024, max_context_length=4096)
+    second = await client.user("second")  # w1's owner is refused by `three` since its fault
+    await client.pop(second, "w2", models=["f-7B", "g-7B"], max_length=1024, max_context_length=4096)
     await agrees()
-    lapsing = (await client.pop(owner, "w2", models=["f-7B"], max_length=1024)).json()["id"]
+    lapsing = (await client.pop(second, "w2", models=["f-7B"], max_length=1024)).json()["id"]
     assert lapsing is not None
     client.clock.advance(horde.settings.lease.base_seconds + 1)
     await client.sweep()  # the lease lapses: the job back again

@@ -17,7 +17,8 @@ the drain). Each check reads committed rows only, so it must hold between any tw
   admission), so no request is charged more than its quote, whatever its workers declared;
 - every balance, hold, price and amount is finite and within +-KUDOS_LIMIT;
 - the queue's index holds exactly the waiting requests, each under its models (or "" for any);
-- each request refuses by name (`queue_refusals`) exactly its deny-list's and its failed workers;
+- each request refuses by name (`queue_refusals`) exactly its deny-list's and its failed workers, and
+  by owner (`queue_owner_refusals`) exactly the owners whose workers failed it;
 - after a drain (`drained=True`): every request is final and no job is running.
 
 `copy_matches_the_database` checks the app's in-memory copy of the queue and the fleet against a
@@ -40,6 +41,7 @@ from horde_lite.db.models import (
     KudosEvent,
     KudosHold,
     QueueEntry,
+    QueueOwnerRefusal,
     QueueRefusal,
     SharedKey,
     TextRequest,
@@ -111,6 +113,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                     TextRequest.required_transports,
                     TextRequest.failed_workers,
                     TextRequest.job_price,
+                    TextRequest.failed_owners,
                 )
             )
         ).all()
@@ -120,6 +123,9 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             )
         ).all()
         refusals = (await conn.execute(select(QueueRefusal.request_id, QueueRefusal.worker_id))).all()
+        owner_refusals = (
+            await conn.execute(select(QueueOwnerRefusal.request_id, QueueOwnerRefusal.owner_id))
+        ).all()
         generations = (
             await conn.execute(
                 select(
@@ -191,6 +197,14 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             )
     for request_id in refused:
         bad("refusals == deny-list and failed workers", f"refusals of request {request_id}, gone")
+    owners_refused: dict[str, set[str]] = defaultdict(set)
+    for x in owner_refusals:
+        owners_refused[x.request_id].add(str(x.owner_id))
+    for r in requests:
+        if owners_refused.pop(r.id, set()) != set(r.failed_owners or ()):
+            bad("owner refusals == failed owners", f"request {r.id}: differ from {sorted(r.failed_owners)}")
+    for request_id in owners_refused:
+        bad("owner refusals == failed owners", f"owner refusals of request {request_id}, gone")
 
     # --- per request: jobs within n, status counts -------------------------------------------------
     by_request: dict[str, dict[str, int]] = defaultdict(lambda: defaultdict(int))

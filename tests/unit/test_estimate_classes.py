@@ -95,6 +95,7 @@ def requests(draw: st.DrawFn) -> tuple[float, float, int, float, list[Any]]:
         "slow_workers": draw(st.booleans()),
         "nsfw": draw(st.booleans()),
         "failed_workers": json.dumps(sorted(draw(st.sets(st.sampled_from(["w5", "w6"]))))),
+        "failed_owners": json.dumps(sorted(draw(st.sets(st.sampled_from(["1", "2"]))))),
     }
     assert list(facts) == list(REQUEST_FACT_COLUMNS)
     start = float(draw(st.integers(0, 5)))
@@ -185,7 +186,7 @@ def test_a_request_for_no_model_is_anyones() -> None:
     values = [getattr(anyone, c) if hasattr(anyone, c) else None for c in REQUEST_FACT_COLUMNS]
     row = dict(zip(REQUEST_FACT_COLUMNS, values, strict=True))
     row.update(models="[]", any_model=True, required_features="[]", required_transports="[]", targeted=False,
-               worker_allow="[]", worker_deny="[]", failed_workers="[]")  # fmt: skip
+               worker_allow="[]", worker_deny="[]", failed_workers="[]", failed_owners="[]")  # fmt: skip
     mirror._put("q", ["waiting", 2, NOW + 100, 0.0, 0.0, *row.values()], sort=True)
     found = mirror.estimate(Queued("mine", 10.0, 10.0, 100, anyone), rules)
     assert (found.eligible_workers, found.competing_work, found.competing_jobs) == (1, 200, 2)

@@ -20,7 +20,7 @@ from horde_lite.settings import KUDOS_LIMIT
 from tests.conftest import is_postgres
 from tests.unit.test_queue_entries_migration import _USER, _request, _sql
 
-REVISION = "0020_request_prices"
+REVISION = "0019_request_prices"
 
 
 async def _checks(url: str) -> set[str]:

@@ -423,7 +423,8 @@ async def test_a_faulted_outcome_is_counted_once(
 async def test_an_aborted_outcome_is_counted_when_the_lease_lapses(
     client: HordeClient, keys: dict[str, str], slow: str
 ) -> None:
-    await legacy_pop(client, slow, "slow-2")  # another slow worker, checked in before any job
+    other = await client.user("other-owner")  # another owner's slow worker, checked in before any job
+    await legacy_pop(client, other, "slow-2")
     await client.set_worker_speed("slow-2", 4.0)
     await legacy_request(client, keys["client"])
     job = await legacy_pop(client, slow, "slow")
@@ -438,10 +439,10 @@ async def test_an_aborted_outcome_is_counted_when_the_lease_lapses(
     text = await client.metrics()
     assert value(text, OUTCOMES, outcome="aborted", horde_chat=False, horde_size_bucket="<=512") == 1
     assert value(text, OUTCOMES) == 1
-    # The job was given back, but not to the worker that let it lapse; its next assignment, to
-    # another slow worker, is a new over-capacity record.
+    # The job was given back, but not to the owner whose worker let it lapse; its next assignment,
+    # to another owner's slow worker, is a new over-capacity record.
     assert (await legacy_pop(client, slow, "slow"))["id"] is None
-    assert (await legacy_pop(client, slow, "slow-2"))["id"] is not None
+    assert (await legacy_pop(client, other, "slow-2"))["id"] is not None
     assert value(await client.metrics(), ASSIGNMENTS) == 2
 
 

@@ -6,8 +6,8 @@ B / 21, 2) per job, B read from the name or 7, 20 without models) plus the burn,
 to come are charged at most what was held. Amounts already outside the bounds (a horde attacked
 before this upgrade) are clamped into them first.
 
-Revision ID: 0020_request_prices
-Revises: 0017_queue_refusals
+Revision ID: 0019_request_prices
+Revises: 0018_failures_by_owner
 Create Date: 2026-12-04 21:00:00.000000
 """
 
@@ -20,8 +20,8 @@ import re
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0020_request_prices"
-down_revision = "0017_queue_refusals"
+revision = "0019_request_prices"
+down_revision = "0018_failures_by_owner"
 branch_labels = None
 depends_on = None
 
