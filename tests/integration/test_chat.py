@@ -520,9 +520,9 @@ async def test_unknown_model_is_404_and_an_offline_model_waits_the_grace(chat: C
 
 
 async def test_worker_failures_end_in_502(chat: Chat) -> None:
-    key = await chat.hc.user("owner")
-    # A request is given up only when more than max_failures DISTINCT workers failed it.
-    workers = [chat.worker(key, f"flaky{i}") for i in range(chat.horde.settings.request.max_failures + 1)]
+    # A request is given up only when the workers of more than max_failures DISTINCT owners failed it.
+    failures = chat.horde.settings.request.max_failures + 1
+    workers = [chat.worker(await chat.hc.user(f"owner{i}"), f"flaky{i}") for i in range(failures)]
     for worker in workers:
         await worker.pop()
 

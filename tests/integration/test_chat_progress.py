@@ -263,9 +263,9 @@ async def test_a_call_cancelled_at_any_moment_leaves_no_request_waiting(chat: Ch
 
 
 async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -> None:
-    key = await chat.hc.user("owner")
-    first = chat.worker(key, "first")
-    second = chat.worker(key, "second")
+    # Another owner's worker: the one that lapsed refuses the request for all its owner's workers.
+    first = chat.worker(await chat.hc.user("owner"), "first")
+    second = chat.worker(await chat.hc.user("other"), "second")
     await first.pop()
     await second.pop()
     stream, job = await start_stream(chat, first)
@@ -287,8 +287,8 @@ async def test_a_waiting_call_reads_outside_transactions_until_it_meets_a_lapse(
     on SQLite, no BEGIN or COMMIT on PostgreSQL); only a read that meets a lapsed job goes on in a
     transaction, which gives the job back, and the call then follows the new one."""
     with statements_sent(chat.horde.engine) as sent:
-        key = await chat.hc.user("owner")
-        first, second = chat.worker(key, "first"), chat.worker(key, "second")
+        first = chat.worker(await chat.hc.user("owner"), "first")
+        second = chat.worker(await chat.hc.user("other"), "second")
         await first.pop()
         await second.pop()
         stream, _job = await start_stream(chat, first)

@@ -232,10 +232,10 @@ async def test_hold_released_on_cancel_once_running_jobs_end(client: HordeClient
 
 
 async def test_hold_released_on_fault(client: HordeClient) -> None:
-    owner = await client.user("owner")
     rich = await client.user("rich", kudos=1000)
     request_id = (await client.create(rich, slow_workers=False)).json()["id"]
-    for name in ("w1", "w2", "w3"):  # a request faults once several distinct workers failed it
+    for name in ("w1", "w2", "w3"):  # a request faults once several distinct owners failed it
+        owner = await client.user(f"owner-{name}")
         job = (await client.pop(owner, name)).json()
         await client.submit(owner, job["id"], "", state="faulted")
     assert (await client.status(request_id)).json()["faulted"] is True

@@ -29,18 +29,25 @@ async def rows(client: HordeClient, sql: str, **params: Any) -> list[Any]:
 # --- 1. rewards and speed samples count at most what the job allowed ---------------------------
 
 
-async def test_an_over_long_text_is_kept_but_counted_at_max_length(client: HordeClient) -> None:
+async def test_an_over_long_text_is_refused_and_one_within_the_bound_counted_at_max_length(
+    client: HordeClient,
+) -> None:
     owner = await client.user("owner")
     payer = await client.user("payer", kudos=1000)
     created = (await client.create(payer, models=[MODEL], params={"max_length": 16})).json()
     job = (await client.pop(owner, "w1", models=[MODEL])).json()
     client.clock.advance(10)
-    submitted = await client.submit(owner, job["id"], "x" * 1_000_000)
+    # Past the job's output bound (16 tokens x 16 characters + 1024): refused, nothing stored or paid.
+    refused = await client.submit(owner, job["id"], "x" * 1_000_000)
+    assert (refused.status_code, refused.json()["rc"]) == (400, "GenerationTooLong")
+    assert await client.balance("payer") == 1000
+    # At the bound: kept as sent, counted (and paid) as the 16 tokens the job allowed.
+    submitted = await client.submit(owner, job["id"], "x" * 1280)
     assert submitted.status_code == 200, submitted.text
     expected = await client.expected_reward(created["id"], 16, MODEL)
     assert submitted.json()["reward"] == expected
     [(tokens, length)] = await rows(client, "SELECT tokens, length(text) FROM generations")
-    assert (tokens, length) == (16, 1_000_000)
+    assert (tokens, length) == (16, 1280)
     assert await client.balance("payer") == round(1000 - expected - 1, 2)
     assert (await client.status(created["id"])).json()["kudos"] == round(expected + 1, 2)
 

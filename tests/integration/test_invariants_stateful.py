@@ -54,6 +54,16 @@ V1_REFUSALS = {400, 401, 403, 404, 429, 502, 503}
 # The horde API's documented 503s (docs/reference/horde_api.md): nobody could ever take the request.
 DOCUMENTED_503 = {"NoEligibleWorker"}
 REQUESTERS = ("anonymous", "alice", "bob", "shared")
+# What a flood of progress posts may be answered, besides 200: its job's output or post count is
+# spent, it posts too fast, its lease lapsed or its request expired, the client went away.
+FLOOD_REFUSALS = {
+    "ProgressTooLong",
+    "TooManyProgressPosts",
+    "ProgressTooFast",
+    "AbortedGen",
+    "InvalidJobID",
+    "DuplicateGen",
+}
 SIZES = (16, 100, 600, 3000, 5000)  # around the free allowance (512..4096) and the workers' limits
 WORKERS = {  # name -> (owner, pop body)
     "w-text": ("olga", {"models": [MODEL], "max_length": 1024, "max_context_length": 4096}),
@@ -240,6 +250,23 @@ class HordeMachine(RuleBasedStateMachine):
         if response.status_code == 200:
             job["seq"] = seq
 
+    @rule(pick=PICK, posts=st.integers(1, 40), size=st.sampled_from((1, 4096, 65_536)))
+    def progress_flood(self, pick: int, posts: int, size: int) -> None:
+        """A worker floods its streaming job with posts, large or many: each is stored, or refused
+        (too long, too fast, too many) without changing anything; never a 5xx."""
+        gen_id = choose([g for g, j in self.jobs.items() if j["stream"]], pick)
+        if gen_id is None:
+            return
+        job = self.jobs[gen_id]
+        for _ in range(posts):
+            body = {"id": gen_id, "seq": job["seq"] + 1, "delta": {"content": "f" * size}}
+            response = self.call("POST", "/api/v2/generate/text/progress", job["key"], body)
+            assert response.status_code < 500, response.text
+            if response.status_code != 200:
+                assert response.json()["rc"] in FLOOD_REFUSALS, response.text
+                break
+            job["seq"] += 1
+
     @rule(
         pick=PICK,
         state=st.sampled_from(("ok", "ok", "ok", "faulted", "censored")),
@@ -262,9 +289,11 @@ class HordeMachine(RuleBasedStateMachine):
         if response.status_code == 200:
             self.submitted.append(gen_id)
             self.key_of[gen_id] = job["key"]
+        elif response.json().get("rc") == "GenerationTooLong":
+            self.jobs[gen_id] = job  # past the job's output bound: nothing stored, the job still its worker's
         else:
-            # The only refusals of a job its worker still holds: its lease lapsed (AbortedGen), or
-            # its request expired and was removed with its jobs (InvalidJobID).
+            # The only other refusals of a job its worker still holds: its lease lapsed (AbortedGen),
+            # or its request expired and was removed with its jobs (InvalidJobID).
             assert response.json().get("rc") in ("AbortedGen", "InvalidJobID"), response.text
 
     @rule(pick=PICK)

@@ -47,7 +47,7 @@ async def test_a_worker_declaring_absurd_sizes_earns_at_most_the_quote(client: H
     quote = created.json()["kudos"]
     # Priced at admission as a 13B model's, at the context the job needs (3 prompt tokens + 64).
     assert quote == round(64 * 13 * context_multiplier(67) / 100 + BURN, 2)
-    served = await _serve(client, mallory, "evil", "x" * 4_000_000, **EVIL)
+    served = await _serve(client, mallory, "evil", "x" * (64 * 16 + 1024), **EVIL)  # at the bound
     assert served["job"]["model"] == "evil-9000B"  # served under the worker's own absurd name
     assert 0 < served["reward"] <= round(quote - BURN, 2)
     assert await client.balance("payer") >= 10_000 - quote
@@ -127,7 +127,7 @@ async def test_a_shared_keys_budget_holds_whatever_its_holder_and_the_worker_dec
     assert created.status_code == 202, created.text
     assert (await client.create(key, **body)).json()["rc"] == "SharedKeyInsufficientKudos"
     for _ in range(2):
-        await _serve(client, mallory, "evil", "x" * 3_000_000, **EVIL)
+        await _serve(client, mallory, "evil", "x" * (512 * 16 + 1024), **EVIL)  # at the bound
     shown = (await client.http.get(f"/api/v2/sharedkeys/{key}", headers={"apikey": owner})).json()
     assert 0 < shown["utilized"] <= price
     await _assert_books(client)

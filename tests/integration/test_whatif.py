@@ -226,13 +226,15 @@ async def _mixed_fleet(client: HordeClient) -> dict[str, int]:
     ones (which enforce_all would refuse), and of those, the ones made while the capable worker was
     online (moved) or not (no worker)."""
     owner = await client.user("owner")
-    for name in ("slow", "fast"):
-        await client.pop(owner, name, models=[MODEL], chat=CHAT_BLOCK, **LEGACY)
+    # Two owners: a lapse refuses its request to every worker of the owner whose worker lapsed.
+    keys = {"slow": owner, "fast": await client.user("other")}
+    for name, key in keys.items():
+        await client.pop(key, name, models=[MODEL], chat=CHAT_BLOCK, **LEGACY)
     await client.set_worker_speed("slow", 4.0)
     counted = {"assignments": 0, "refused": 0, "moved": 0, "no_worker": 0}
 
-    async def submitted(job: dict[str, Any], state: str = "ok") -> None:
-        await _submitted(client, owner, job, state)
+    async def submitted(job: dict[str, Any], by: str, state: str = "ok") -> None:
+        await _submitted(client, keys[by], job, state)
         # Each submit measures its worker; keep the two speeds where the scenario put them.
         await client.set_worker_speed("slow", 4.0)
         await client.set_worker_speed("fast", None)
@@ -249,7 +251,7 @@ async def _mixed_fleet(client: HordeClient) -> dict[str, int]:
     job = await _job(client, owner, "slow")
     took(job, 512, "slow", True)
     client.clock.advance(30)
-    await submitted(job)
+    await submitted(job, "slow")
     # Another one lapses on the slow worker; then the capable worker takes it back (within capacity).
     await client.create(owner, models=[MODEL], params={"max_length": 512, "max_context_length": 1024})
     job = await _job(client, owner, "slow")
@@ -257,15 +259,15 @@ async def _mixed_fleet(client: HordeClient) -> dict[str, int]:
     client.clock.advance(151)
     await client.pop(owner, "slow", models=[MODEL], chat=CHAT_BLOCK, **LEGACY)  # stays online, nothing for it
     assert (await client.sweep())[0] == 1
-    job = await _job(client, owner, "fast")
+    job = await _job(client, keys["fast"], "fast")
     took(job, 512, "fast", True)
-    await submitted(job)
+    await submitted(job, "fast")
     # A chat request of 512: refused to the slow worker while the capable one is online.
     await client.create(owner, models=[MODEL], chat={"messages": HI, "max_tokens": 512})
     assert (await client.pop(owner, "slow", models=[MODEL], chat=CHAT_BLOCK, **LEGACY)).json()["id"] is None
-    job = await _job(client, owner, "fast")
+    job = await _job(client, keys["fast"], "fast")
     took(job, 512, "fast", True)
-    await submitted(job)
+    await submitted(job, "fast")
 
     # The capable worker goes offline (no check-in for longer than the online window).
     client.clock.advance(301)
@@ -273,17 +275,17 @@ async def _mixed_fleet(client: HordeClient) -> dict[str, int]:
     await client.create(owner, models=[MODEL], chat={"messages": HI, "max_tokens": 512})
     job = await _job(client, owner, "slow")
     took(job, 512, "slow", False)
-    await submitted(job, state="faulted")
+    await submitted(job, "slow", state="faulted")
     await client.create(owner, models=[MODEL], chat={"messages": HI, "max_tokens": 600})
     job = await _job(client, owner, "slow")
     took(job, 600, "slow", False)
     client.clock.advance(40)
-    await submitted(job)
+    await submitted(job, "slow")
     # Within its capacity: nothing to refuse.
     await client.create(owner, models=[MODEL], chat={"messages": HI, "max_tokens": 256})
     job = await _job(client, owner, "slow")
     took(job, 256, "slow", False)
-    await submitted(job)
+    await submitted(job, "slow")
     return counted
 
 
