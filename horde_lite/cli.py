@@ -466,9 +466,11 @@ def openapi(output: str) -> None:
     import msgspec
     from litestar.serialization import encode_json
 
+    from horde_lite.api.body_schemas import describe_bodies
     from horde_lite.app import create_app
 
     app = create_app(_settings())  # built, not started: no database
+    describe_bodies(app)  # as the server's start-up does
     document = msgspec.json.format(encode_json(app.openapi_schema.to_schema()), indent=2)
     with click.open_file(output, "wb") as out:
         out.write(document + b"\n")

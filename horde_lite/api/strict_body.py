@@ -1,7 +1,8 @@
 """Request bodies decoded with msgspec's strict rules, as a Litestar DTO.
 
 Litestar converts a handler's `data` leniently (`"80"` becomes 80, `1` becomes `true`); the horde
-API has always refused a field of the wrong type, and clients rely on the 400 naming it. Set on a
+API has always refused a field of the wrong type, and clients rely on the 400 naming it. A number
+with no fractional part (`80.0`) is an integer, as JSON Schema (and so the OpenAPI schema) counts it. Set on a
 router (`dto=StrictBody, return_dto=None`), this DTO decodes every `data: <Struct>` of its handlers
 straight from the raw bytes into the annotated type, strictly, and describes the body in the OpenAPI
 schema as that type itself. Defaults still apply on the server: a client sends only what it sets.
@@ -36,6 +37,21 @@ def validation_error(error: msgspec.ValidationError) -> ValidationException:
     )
 
 
+_INTEGRAL_FLOAT = re.compile(r"Expected `[^`]*\bint\b[^`]*`, got `float`")
+_EXACT = 2**53  # past it a float is integral whatever it meant: left a float, refused as one
+
+
+def _integral(value: Any) -> Any:
+    """The decoded body with each float of no fractional part (`1651.0`) as the int it equals."""
+    if isinstance(value, float):
+        return int(value) if value.is_integer() and abs(value) <= _EXACT else value
+    if isinstance(value, list):
+        return [_integral(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _integral(v) for k, v in value.items()}
+    return value
+
+
 class StrictBody(AbstractDTO[T]):
     """Decode `data` strictly into its annotation; never used for answers (`return_dto=None`)."""
 
@@ -67,9 +83,16 @@ class StrictBody(AbstractDTO[T]):
         try:
             return msgspec.json.decode(value, type=data_field.annotation)
         except msgspec.ValidationError as e:
-            raise validation_error(e) from e
+            if not _INTEGRAL_FLOAT.search(str(e)):
+                raise validation_error(e) from e
         except msgspec.DecodeError as e:
             raise ValidationException(detail=f"The request body is not valid JSON: {e}") from e
+        # JSON Schema counts 2.0 as an integer (the schema's promise); msgspec's strict rules do not.
+        # Only then, the body is read again with every integral number as an int, still strictly.
+        try:
+            return msgspec.convert(_integral(msgspec.json.decode(value)), type=data_field.annotation)
+        except msgspec.ValidationError as e:
+            raise validation_error(e) from e
 
     def decode_builtins(self, value: dict[str, Any]) -> Any:
         data_field = self.asgi_connection.route_handler.parsed_data_field

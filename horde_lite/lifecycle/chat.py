@@ -9,12 +9,7 @@ from typing import Any
 import msgspec
 
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import ChatPayload
-
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")
-PART_TYPES = ("text", "image_url")
-TOOL_CHOICES = ("none", "auto", "required")
-RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+from horde_lite.lifecycle.inputs import PART_TYPES, RESPONSE_FORMATS, ROLES, TOOL_CHOICES, ChatPayload
 
 
 def _bad(message: str, param: str) -> HordeError:

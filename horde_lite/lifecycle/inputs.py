@@ -30,6 +30,38 @@ Seed = INT64 | Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[ -~]*$")]
 Username = Annotated[str, msgspec.Meta(max_length=200)]
 
 
+# What a chat payload's fields may hold beyond their types: lifecycle/chat.py refuses anything else
+# in words; the schema states the same (extra_json_schema, which decoding does not read).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+PART_TYPES = ("text", "image_url")
+TOOL_CHOICES = ("none", "auto", "required")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+_IMAGE_URL = {"type": "string", "pattern": "^(data:|https?://)"}
+_PARTS = {  # msgspec writes its own `items`: the parts' rule is added beside it
+    "allOf": [{"items": {
+        "anyOf": [
+            {"type": "object", "required": ["type", "text"],
+             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+            {"type": "object", "required": ["type", "image_url"],
+             "properties": {"type": {"const": "image_url"}, "image_url": {"anyOf": [
+                 _IMAGE_URL, {"type": "object", "required": ["url"], "properties": {"url": _IMAGE_URL}}]}}},
+        ]
+    }}]
+}  # fmt: skip
+ToolChoice = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(TOOL_CHOICES)})]
+_FORMATS = {"required": ["type"], "properties": {"type": {"enum": list(RESPONSE_FORMATS)}}}
+ResponseFormat = Annotated[dict[str, Any], msgspec.Meta(extra_json_schema=_FORMATS)]
+# What a worker's name may hold once NFKC-normalized (lifecycle/workers.py); the schema promises the
+# normalized form, with at least one character that is not a space.
+NAME_CHARACTERS = r"A-Za-z0-9 _.()\[\]'-"
+_NAME_PATTERN = f"^[{NAME_CHARACTERS}]*[{NAME_CHARACTERS.replace(' ', '')}][{NAME_CHARACTERS}]*$"
+
+
+WorkerName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=100, extra_json_schema={"pattern": _NAME_PATTERN})
+]
+
+
 class _In(msgspec.Struct, kw_only=True, omit_defaults=True):
     pass
 
@@ -44,7 +76,9 @@ class ChatBlock(_In, forbid_unknown_fields=True):
 
 
 class PopInput(_In):
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    name: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=100, extra_json_schema={"pattern": _NAME_PATTERN})
+    ]
     models: list[ModelName] = []
     max_length: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
     max_context_length: Annotated[int, msgspec.Meta(ge=80, le=MAX_CONTEXT)] = 2048
@@ -67,8 +101,8 @@ class KoboldParams(_In):
 
 
 class ChatMessage(_In):
-    role: str
-    content: str | list[dict[str, Any]] | None = None
+    role: Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ROLES)})]
+    content: str | Annotated[list[dict[str, Any]], msgspec.Meta(extra_json_schema=_PARTS)] | None = None
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
     tool_call_id: str | None = None
@@ -82,8 +116,8 @@ class ChatOptions(_In, kw_only=True):
     stop: str | list[str] | None = None
     seed: INT64 | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None
+    tool_choice: ToolChoice | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
 
 
 class ChatPayload(ChatOptions, kw_only=True):
@@ -201,4 +235,6 @@ class KudosTransferInput(_In):
     """POST /kudos/transfer: to a user ("name#id") or a shared key; upstream's default amount."""
 
     username: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-    amount: KudosAmount = 100
+    # Not bounded below when decoded: a negative or zero amount gets upstream's named refusal
+    # (transfers.py); the schema promises what is accepted, at least a cent.
+    amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100

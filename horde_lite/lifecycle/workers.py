@@ -20,14 +20,14 @@ from horde_lite.db.models import User, Worker, WorkerModel
 from horde_lite.lifecycle import owner_limits
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import PopInput, WorkerUpdate
+from horde_lite.lifecycle.inputs import NAME_CHARACTERS, PopInput, WorkerUpdate
 from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key, split_name
 from horde_lite.settings import Settings
 
 # What a new worker name may hold, after Unicode NFKC normalization (which maps full-width and other
 # compatibility forms onto ASCII): ASCII only, so no homoglyph from another script (Cyrillic U+0430 for
 # Latin 'a') can pass as an existing name.
-_NAME_CHARS = re.compile(r"[A-Za-z0-9 _.()\[\]'-]+")
+_NAME_CHARS = re.compile(f"[{NAME_CHARACTERS}]+")
 NAME_RULE = "ASCII letters, digits, spaces and - _ . ( ) [ ] '"
 # Seconds a stored check-in may lag the worker's last pop (`check_in_is_due`).
 CHECK_IN_RESOLUTION = CHECK_IN_NOTED_JUMP / 2

@@ -26,6 +26,10 @@ class StreamOptions(msgspec.Struct, kw_only=True):
     include_usage: bool | None = None
 
 
+# Each request is answered by one worker: n may only be 1 (`_one_choice` says so in words).
+OnlyOne = Annotated[int, msgspec.Meta(extra_json_schema={"enum": [1]})]
+
+
 class ChatCompletionInput(ChatOptions, kw_only=True):
     """POST /v1/chat/completions. Fields OpenAI clients send that horde_lite does not use
     (`user`, `presence_penalty`, `logprobs`, ...) are accepted and ignored."""
@@ -36,7 +40,7 @@ class ChatCompletionInput(ChatOptions, kw_only=True):
     max_tokens: Positive | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
-    n: int | None = None
+    n: OnlyOne | None = None
     # horde_lite's extension (the openai package sends it through `extra_body`).
     dry_run: bool = False
 
@@ -52,7 +56,7 @@ class CompletionInput(msgspec.Struct, kw_only=True):
     temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
     top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
     stop: str | Annotated[list[str], msgspec.Meta(max_length=16)] | None = None
-    n: int | None = None
+    n: OnlyOne | None = None
     stream: bool | None = None
     stream_options: StreamOptions | None = None
     seed: Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)] | None = None
