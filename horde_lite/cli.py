@@ -268,7 +268,7 @@ def users_rotate_key(name: str) -> None:
 
 
 @users.command("delete", help="Delete a user: its key, shared keys and workers stop working; its kudos "
-               "history and records stay (docs/decisions/0030). Refused while it has jobs running on "
+               "history and records stay. Refused while it has jobs running on "
                "its workers or waiting requests.")  # fmt: skip
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")

@@ -82,7 +82,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             sessionmaker=make_sessionmaker(engine),
         )
         app.state.horde = horde
-        # The policy in force is the database's; switches reach this process (decision 0028).
+        # The policy in force is the database's; switches reach this process.
         policy_watch = await policy_state.start(horde)
         # Each server process (one per --wc worker) says what it runs; the policies are the database's.
         in_force = " ".join(f"{kind}={name}" for kind, name in horde.policies.names.items())
@@ -90,7 +90,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
                  __version__, os.getpid(), masked(url), in_force)  # fmt: skip
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
         listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
-        freeze_startup_objects()  # no 130 ms full collections under load (horde_lite/heap.py)
+        freeze_startup_objects()  # no long full collections under load (horde_lite/heap.py)
         try:
             yield
         finally:

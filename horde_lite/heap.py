@@ -3,8 +3,8 @@
 Once the app has started, the process holds about 150,000 objects that live as long as it does
 (modules, the app and its routes, SQLAlchemy's and msgspec's structures). CPython's cyclic
 collector walks every one of them at each full (generation 2) collection, which runs from time to
-time under load and stops the event loop meanwhile: 125-140 ms on a 2-core machine, paid by every
-request in flight (bench/README.md). `gc.freeze()` moves them to a permanent generation that
+time under load and stops the event loop meanwhile, a pause paid by every request in flight
+(bench/README.md has the figures). `gc.freeze()` moves them to a permanent generation that
 collections skip; garbage made later is still collected as before.
 """
 

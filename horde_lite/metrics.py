@@ -147,7 +147,7 @@ def _check(value: str, allowed: frozenset[str], what: str) -> None:
 
 
 def shadow_attributes(worker_trusted: bool, max_length: int, chat: bool) -> Attributes:
-    """Attributes of every gate-shadow record: assignments and service seconds (decision 0001)."""
+    """Attributes of every gate-shadow record: assignments and service seconds."""
     return {_WORKER_TRUSTED: worker_trusted, _SIZE_BUCKET: size_bucket(max_length), _CHAT: chat}
 
 
@@ -162,7 +162,7 @@ def shadow_outcome_attributes(
 def allowance_attributes(
     requester: RequesterKind, outcome: AllowanceOutcome, requested: int, allowance: int, chat: bool
 ) -> Attributes:
-    """Attributes of a free-allowance decision (decision 0002): who asked, what happened, both sizes."""
+    """Attributes of a free-allowance decision: who asked, what happened, both sizes."""
     _check(requester, REQUESTER_KINDS, "requester kind")
     _check(outcome, ALLOWANCE_OUTCOMES, "allowance outcome")
     return {
@@ -175,7 +175,7 @@ def allowance_attributes(
 
 
 def wait_attributes(requester: RequesterKind, chat: bool) -> Attributes:
-    """Attributes of the two wait histograms, so waits can be read per requester kind (decision 0002)."""
+    """Attributes of the two wait histograms, so waits can be read per requester kind."""
     _check(requester, REQUESTER_KINDS, "requester kind")
     return {_REQUESTER: requester, _CHAT: chat}
 

@@ -1,4 +1,4 @@
-"""`horde-lite whatif`: what a policy would have decided over the stored history (decision 0027).
+"""`horde-lite whatif`: what a policy would have decided over the stored history.
 
 Every real assignment leaves an assignment record (its sizes, the worker's capacity and trust,
 whether a capable worker was online when it was over capacity, and how the job ended) and every

@@ -1,4 +1,4 @@
-"""estimated_wait (default; decision 0002): the ceiling while the estimated wait is at most
+"""estimated_wait (default): the ceiling while the estimated wait is at most
 wait_full_seconds, falling linearly to the floor at wait_floor_seconds, the floor beyond that and
 when no worker is eligible."""
 

@@ -1,4 +1,4 @@
-"""over_capacity (default): record every over-capacity assignment and how it ended (decision 0001).
+"""over_capacity (default): record every over-capacity assignment and how it ended.
 
 Counters carry only bounded attributes (trust, size bucket, chat); the ids go to one INFO line.
 """

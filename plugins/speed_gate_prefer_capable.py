@@ -1,4 +1,4 @@
-"""prefer_capable (the default; decision 0001's chosen option): a worker is refused a chat request over
+"""prefer_capable (the default, the design's chosen option): a worker is refused a chat request over
 its capacity only while a capable worker for that request is online. Legacy requests pass."""
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ COOKIE = "horde_lite_dashboard"
 PATH = "/dashboard"
 # No framing, nothing cached, only the app's own script and styles, and no referrer to another
 # origin. `same-origin`, not `no-referrer`: under `no-referrer` a browser sends `Origin: null` with
-# the sign-in form's POST, which the origin check below must refuse (decision 0064).
+# the sign-in form's POST, which the origin check below must refuse.
 HEADERS = {
     "Content-Security-Policy": "default-src 'none'; script-src 'self'; style-src 'self'; "
     "img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",

@@ -17,7 +17,6 @@ from typing import Any
 
 import litestar_offline_docs
 from litestar import Request, Response, get
-from litestar._openapi.plugin import OpenAPIPlugin
 from litestar.enums import MediaType
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
@@ -68,8 +67,12 @@ def openapi_config() -> OpenAPIConfig:
 
 
 def _schema(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    # The same cached dict Litestar's own /schema routes serve.
-    return request.app.plugins.get(OpenAPIPlugin).provide_openapi_schema()
+    """The schema Litestar's own /schema routes serve, rendered from the same object (the app's
+    public `openapi_schema`) once per app."""
+    state = request.app.state
+    if "openapi_document" not in state:
+        state.openapi_document = request.app.openapi_schema.to_schema()
+    return state.openapi_document
 
 
 @get("/api/swagger.json", include_in_schema=False, sync_to_thread=False)

@@ -1,5 +1,5 @@
 """GET /operator/policies: the policy in force per kind (the database's) and what this process
-applies, for operators and their dashboards (docs/reference/operators.md, decision 0028).
+applies, for operators and their dashboards (docs/reference/operators.md).
 
 A moderator's own key in the `apikey` header, or nobody's with `[http] open_operator_pages`."""
 

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Generator
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 from litestar.dto import AbstractDTO, DTOConfig, DTOFieldDefinition
 from litestar.exceptions import ValidationException
 from litestar.openapi.spec import Reference, Schema
 from litestar.typing import FieldDefinition
-
-if TYPE_CHECKING:
-    from litestar._openapi.schema_generation import SchemaCreator
 
 T = TypeVar("T")
 
@@ -73,8 +70,9 @@ class StrictBody(AbstractDTO[T]):
 
     @classmethod
     def create_openapi_schema(
-        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: Any
     ) -> Reference | Schema:
+        # `schema_creator` is Litestar's SchemaCreator, whose module is private: typed as Any.
         return schema_creator.for_field_definition(field_definition)
 
     def decode_bytes(self, value: bytes) -> Any:

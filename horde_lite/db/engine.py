@@ -115,12 +115,12 @@ def make_engine(
 
 def _check_at_checkout(dbapi_connection: Any) -> bool:
     """The pool's check of a connection before use (`pool_pre_ping`), in the round trip the
-    connection's user sends first anyway: a transaction's BEGIN (decision 0058), or `;` for a read
+    connection's user sends first anyway: a transaction's BEGIN, or `;` for a read
     outside any transaction. SQLAlchemy's own asyncpg ping sends BEGIN, `;` and ROLLBACK, for
     pgbouncer's transaction mode (which horde_lite's prepared statements rule out anyway). A failure
     is raised as the adapter raises it, so the pool sees a lost connection and replaces it. The
     driver's own view is not enough: between the server's termination message and the socket's
-    close asyncpg calls a connection neither closed nor usable (decision 0045)."""
+    close asyncpg calls a connection neither closed nor usable."""
     if not (dbapi_connection.autocommit or dbapi_connection._started or _CHECKOUT_TO_READ.get()):
         # The adapter's lazy BEGIN, sent now: its first statement finds the transaction started.
         dbapi_connection.await_(dbapi_connection._start_transaction())

@@ -340,7 +340,7 @@ class Generation(Base):
     gen_metadata: Mapped[list[Any] | None] = mapped_column(JsonDoc, nullable=True)
     tokens: Mapped[int] = mapped_column(Integer, default=0)
     reward: Mapped[float] = mapped_column(Float, default=0.0)
-    # Shadow record of the speed gate (decision 0001): fixed at assignment because speed moves.
+    # Shadow record of the speed gate: fixed at assignment because speed moves.
     over_capacity_at_assignment: Mapped[bool] = mapped_column(Boolean, default=False)
     capacity_at_assignment: Mapped[int] = mapped_column(Integer, default=0)
     speed_at_assignment: Mapped[float] = mapped_column(Float, default=0.0)
@@ -353,7 +353,7 @@ class Generation(Base):
     chat_result: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)
 
 
-# --- history: what operators read to compare policies (decision 0027) -------------------------------
+# --- history: what operators read to compare policies --------------------------------------------------
 # Kept after the requests and jobs they describe expire; no foreign keys, so nothing cascades away.
 
 
@@ -436,7 +436,7 @@ class AdmissionRecord(Base):
 
 
 class PolicyState(Base):
-    """The policy in force for each kind, shared by every process of the horde (decision 0028)."""
+    """The policy in force for each kind, shared by every process of the horde."""
 
     __tablename__ = "policy_state"
 

@@ -32,7 +32,7 @@ class OneOf(ColumnElement[bool]):
     generic plan (chosen after five runs of a prepared statement) answers the semi-join on the
     unnested list (below) with lookups of the values or one hash of them, where with
     `IN ($1, ..., $n)` it rebuilt the list for every row it read and tested each row against all
-    of it: 9 ms for a claim of 512 ids behind 1,000 requests."""
+    of it, a cost that grew with the queue (bench/README.md has the figures)."""
 
     inherit_cache = True
     # What the statement cache keys on (see TextArrayHas).

@@ -1,5 +1,5 @@
 """Admission: validate a text or chat request, size its free output allowance, decide whether it
-is free, funded, downgraded or refused, and queue it (decision 0002)."""
+is free, funded, downgraded or refused, and queue it."""
 
 from __future__ import annotations
 
@@ -480,7 +480,7 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
             return found
         # Spendable kudos cost a query: read only when the request is not free. The anonymous
         # account is shared by everyone without a key: it never holds kudos upfront, or one
-        # anonymous caller could spend what the floor leaves for all of them (docs/decisions 0010).
+        # anonymous caller could spend what the floor leaves for all of them.
         can_pay = (
             not requester.user.anonymous
             and await kudos.spendable(session, requester.user, settings.kudos) >= cost
@@ -596,7 +596,7 @@ def outcome_for(
     downgrade_allowed: bool,
     can_fund: bool | None,
 ) -> Outcome | None:
-    """The admission decision for one allowance (decision 0002), a pure function so that a
+    """The admission decision for one allowance, a pure function so that a
     candidate curve and `horde-lite whatif` judge exactly like the curve in force: free when all
     n jobs' output fits the allowance and slow workers are allowed; else funded when the requester
     can pay (`can_fund`: spendable kudos and the shared key's budget); else downgraded when the

@@ -185,7 +185,7 @@ async def _record_assignments(
     now: float,
 ) -> None:
     """The history of real assignments (kept after the request expires, read by `horde-lite
-    whatif`) and, with a candidate speed gate, the jobs it would have refused (decision 0027).
+    whatif`) and, with a candidate speed gate, the jobs it would have refused.
     `capable`: is a capable worker for the request online, asked by the claim of an
     over-capacity job (only such a job raises the question; every built-in gate passes the
     others), else None."""

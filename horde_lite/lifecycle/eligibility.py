@@ -128,7 +128,7 @@ def _serving(cw: WorkerRow, rules: Rules) -> list[ColumnElement[bool]]:
 
 
 def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> list[ColumnElement[bool]]:
-    """A worker that can finish chat request `r` inside the base lease (decision 0001)."""
+    """A worker that can finish chat request `r` inside the base lease."""
     # Plain comparisons before the JSON list tests (SQLite evaluates them in this order).
     return [
         *_serving(cw, rules),

@@ -162,7 +162,7 @@ _RELEASE = (
 
 async def release_hold(session: AsyncSession, request_id: str) -> None:
     """The request's hold reserves nothing any more: a Core statement, built once (the ORM's own
-    update costs about 0.4 ms more in Python). A hold the session has loaded (consumed in this
+    update costs more in Python than its round trip). A hold the session has loaded (consumed in this
     transaction) is written first and then told its new values, as the ORM's update would: its
     pending change is never written over the release. Holds are placed with Core inserts
     (`place_hold`), so none is ever pending in the session."""

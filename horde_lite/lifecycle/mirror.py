@@ -1,5 +1,5 @@
 """Each process's copy of the waiting queue and the fleet, as the wait estimate reads them
-(docs/explanation/dispatch.md, decision 0040).
+(docs/explanation/dispatch.md).
 
 The estimate asks, for a request R, which online workers are eligible for R and how much queued
 output ahead of R one of them could take. Read from the database, that meant the eligibility check

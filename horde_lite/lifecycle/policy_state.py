@@ -1,4 +1,4 @@
-"""The policy in force, shared by every process of the horde through the database (decision 0028).
+"""The policy in force, shared by every process of the horde through the database.
 
 `policy_state` holds one row per kind (speed_gate, allowance_curve, shadow_metrics): the policy's
 name, its options and a version that grows by one at each switch; `policy_changes` logs every

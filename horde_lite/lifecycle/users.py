@@ -233,9 +233,9 @@ def new_shared_key() -> str:
     return str(uuid.uuid4())
 
 
-# --- the operator's commands: the listing, a new key, deletion (docs/decisions/0030) ---------------
+# --- the operator's commands: the listing, a new key, deletion -----------------------------------------
 
-# A deleted user's row stays (decision 0030) under this name and key hash: '#' is refused in a new
+# A deleted user's row stays under this name and key hash: '#' is refused in a new
 # name and ':' never appears in a SHA-256 hex digest, so no user can take either and no key matches.
 DELETED_PREFIX = "deleted#"
 
@@ -324,8 +324,8 @@ def _plural(n: int, word: str) -> str:
 
 
 async def delete_user(session: AsyncSession, user: User, now: float) -> DeletedUser:
-    """Delete a user the way workers are deleted (decision 0030): the row stays, renamed
-    `deleted#<id>`, with a key hash no key has and no flags; its workers are deleted (decision 0020)
+    """Delete a user the way workers are deleted: the row stays, renamed
+    `deleted#<id>`, with a key hash no key has and no flags; its workers are deleted
     and its shared keys removed, so nothing can act as it again. Its ledger, balance, requests and
     its workers' counters stay, so the history and the statistics still add up. Refused for the
     anonymous user, and while the user has work in flight (jobs its workers hold, its waiting

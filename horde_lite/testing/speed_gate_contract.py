@@ -42,8 +42,9 @@ The generated fleets cover online and offline workers (at the 300 s boundary), m
 paused workers, measured and unmeasured speeds (capacities at and around request sizes), chat and
 legacy workers with every subset of features and image transports, and chat and legacy requests
 with models, allow/deny lists, trusted-only, slow-worker and nsfw flags. Hand-written examples
-always run first, among them decision 0001's: a 4.0 tokens/s worker (capacity 480) and a 512-token
-tool-using chat request, with the unmeasured tools-declaring worker online and offline.
+always run first, among them the speed gate design's worked case: a 4.0 tokens/s worker
+(capacity 480) and a 512-token tool-using chat request, with the unmeasured tools-declaring worker
+online and offline.
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def examples(settings: Settings | None = None) -> Any:
 
 
 def seed_examples(settings: Settings | None = None) -> list[Example]:
-    """Hand-written examples that always run: decision 0001's worked case and its neighbours."""
+    """Hand-written examples that always run: the speed gate design's worked case and its neighbours."""
     settings = settings or Settings()
     slow = WorkerFacts(
         id="w0",
