@@ -33,6 +33,7 @@ from sqlalchemy import delete, insert, select, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from bench.soak_servers import LIMITS_OFF
 from horde_lite.clock import ManualClock
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
@@ -388,7 +389,7 @@ async def close(horde: Horde) -> None:
 
 
 def horde_for(url: str) -> Horde:
-    settings = msgspec.convert({"database": {"url": url}}, Settings)
+    settings = msgspec.convert({**LIMITS_OFF, "database": {"url": url}}, Settings)
     engine = make_engine(url)
     return Horde(
         settings=settings,

@@ -29,8 +29,8 @@ from pathlib import Path
 
 from bench.admission import BENCH_PG_DB, DEFAULT_PG
 from bench.perf import RESULTS
-from bench.perf_cycles import RATE_LIMITS_OFF, CycleResult, _measure
-from bench.soak_servers import Server, free_port, fresh_postgres, server_env
+from bench.perf_cycles import CycleResult, _measure
+from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, server_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,7 +89,7 @@ async def run(
             for name, code in (("a", tree), ("b", ROOT)):
                 url = await _database(db, pg_url, name, tmp)
                 keys.append(await asyncio.to_thread(_prepare, url, workers, code))
-                env = server_env(url, RATE_LIMITS_OFF)
+                env = server_env(url, LIMITS_OFF)  # the base must know these keys (this commit on)
                 env["PYTHONPATH"] = str(code)
                 (tmp / name).mkdir()
                 servers.append(Server(len(servers), free_port(), tmp / name, env))

@@ -44,9 +44,9 @@ import httpx
 from sqlalchemy import insert, select, text, update
 
 from bench.admission import BENCH_PG_DB, DEFAULT_PG
-from bench.perf_cycles import CREATE, RATE_LIMITS_OFF, _cpu_seconds, _pop_body
+from bench.perf_cycles import CREATE, _cpu_seconds, _pop_body
 from bench.soak import set_up_users
-from bench.soak_servers import Server, free_port, fresh_postgres, server_env
+from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 from horde_lite.db.models import QueueEntry, TextRequest, Worker, WorkerModel
@@ -140,7 +140,7 @@ async def run_case(db: str, case: str, ahead: int, pops: int, pg_url: str) -> di
             keys = await set_up_users(engine, 2, 1)
         finally:
             await engine.dispose()
-        overrides = {**RATE_LIMITS_OFF, "request": {"max_waiting_per_user": ahead + pops + 10}}
+        overrides = {**LIMITS_OFF, "request": {"max_waiting_per_user": ahead + pops + 10}}
         server = Server(0, free_port(), work, server_env(url, overrides))
         await server.start()
         owner, other, requester = keys["owners"][0], keys["owners"][1], keys["registered"][0]

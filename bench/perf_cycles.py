@@ -20,12 +20,11 @@ import httpx
 
 from bench.admission import BENCH_PG_DB, pct
 from bench.soak import set_up_users
-from bench.soak_servers import Server, free_port, fresh_postgres, server_env
+from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 
 MODEL = "bench/Cycle-8B"
-RATE_LIMITS_OFF = {"ratelimit": {"create_per_minute": 0, "status_per_minute": 0}}
 CREATE = {"prompt": "Once upon a time", "models": [MODEL],
           "params": {"n": 1, "max_length": 64, "max_context_length": 1024}}  # fmt: skip
 CALL_TIMEOUT = 30.0
@@ -201,7 +200,7 @@ async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[i
             keys = await set_up_users(engine, most, most)
         finally:
             await engine.dispose()
-        env = server_env(url, RATE_LIMITS_OFF)
+        env = server_env(url, LIMITS_OFF)
         servers = [Server(i, free_port(), work, env, stack=stack) for i in range(processes)]
         try:
             await asyncio.gather(*(s.start() for s in servers))
