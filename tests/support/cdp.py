@@ -16,6 +16,8 @@ from typing import Any
 import httpx
 from websockets.asyncio.client import ClientConnection, connect
 
+from tests.support.server import stop
+
 FLAGS = [
     "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
     "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -102,19 +104,10 @@ def _launch(chromium: str, profile: Path) -> tuple[subprocess.Popen[bytes], int]
     deadline = time.monotonic() + 30
     while not (active.exists() and len(active.read_text().splitlines()) >= 2):
         if process.poll() is not None or time.monotonic() > deadline:
-            _stop(process)
+            stop(process)
             raise AssertionError(f"Chromium did not open its DevTools port: {log.read_text()[-3000:]}")
         time.sleep(0.1)
     return process, int(active.read_text().splitlines()[0])
-
-
-def _stop(process: subprocess.Popen[bytes]) -> None:
-    process.terminate()
-    try:
-        process.wait(10)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait(10)
 
 
 @asynccontextmanager
@@ -129,4 +122,4 @@ async def browser_page(chromium: str, profile: Path) -> AsyncIterator[Page]:
             await page.call("Page.enable")
             yield page
     finally:
-        await asyncio.to_thread(_stop, process)
+        await asyncio.to_thread(stop, process)

@@ -48,12 +48,17 @@ def served(db_url: str, overrides: dict[str, dict[str, object]], tmp_path: Path)
             time.sleep(0.1)
         yield Served(base, port, log)
     finally:
-        process.terminate()
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        stop(process)
+
+
+def stop(process: subprocess.Popen[bytes]) -> None:
+    """Terminate a process and wait for it; kill it if it does not end within 10 s."""
+    process.terminate()
+    try:
+        process.wait(10)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
 
 
 def raw_request(
