@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 import click
 import rich_click
-from litestar.cli._utils import LitestarEnv, LitestarGroup
 from litestar.cli.commands.core import routes_command, run_command
 
 from horde_lite import __version__
 from horde_lite.demo.command import demo as demo_command
+from horde_lite.litestar_cli import LitestarEnv, LitestarGroup
 from horde_lite.settings import KUDOS_LIMIT, Settings, SettingsError, load_settings, masked
 from horde_lite.startup import StartupError, check_database, fail, guard_run
 from horde_lite.worker.command import worker as worker_command
