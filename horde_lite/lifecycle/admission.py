@@ -4,7 +4,6 @@ is free, funded, downgraded or refused, and queue it."""
 from __future__ import annotations
 
 import logging
-import math
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
@@ -355,7 +354,7 @@ def _too_long(what: str, most: int, asked: int) -> str:
 def _price(horde: Horde, row: TextRequest) -> float:
     """Price the request as it will be queued (after any downgrade), once: its jobs' rewards and
     charges are bounded by what it stores here. Returns the quote, what a funded request holds."""
-    prompt_tokens = row.prompt_tokens if row.is_chat else math.ceil(len(row.prompt) / 4)
+    prompt_tokens = row.prompt_tokens if row.is_chat else prices.text_tokens(row.prompt)
     context = prices.priced_context(row.max_context_length, prompt_tokens, row.max_length)
     price = prices.request_price(horde.sizes, row.models, row.max_length, row.n_total, context)
     row.job_price, row.price_context = price.job_price, price.context

@@ -4,7 +4,6 @@ measures the worker's lease speed, and ends the request when its last job is in.
 from __future__ import annotations
 
 import logging
-import math
 from dataclasses import dataclass
 
 from sqlalchemy import bindparam, select
@@ -34,7 +33,7 @@ def count_tokens(text: str, reported: int | None, allowed: int) -> int:
     """The completion tokens the worker reports, else ceil(len(text) / 4), never more than the job
     allowed (its max_length, a chat job's applied max_tokens): a worker's word, or an over-long
     text, cannot mint kudos or charge the requester beyond what it asked for."""
-    counted = reported if reported is not None and reported >= 0 else math.ceil(len(text) / 4)
+    counted = reported if reported is not None and reported >= 0 else prices.text_tokens(text)
     return max(0, min(counted, allowed))
 
 

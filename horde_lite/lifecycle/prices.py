@@ -115,6 +115,11 @@ class Price:
         return reward_cap(self.job_price)
 
 
+def text_tokens(text: str) -> int:
+    """Upstream's estimate of a text's tokens where nobody counted them: one per 4 characters."""
+    return math.ceil(len(text) / 4)
+
+
 def reward_cap(job_price: float) -> float:
     return round(max(job_price - BURN, 0.0), 2)
 

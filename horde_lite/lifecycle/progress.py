@@ -13,11 +13,11 @@ refused before anything changes (lifecycle/output_bounds.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from horde_lite.lifecycle import prices
 from horde_lite.lifecycle.completion import load_generation_for_worker, require_live
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
@@ -83,7 +83,7 @@ async def record(
         generation.completion_tokens = body.completion_tokens
     else:
         generation.completion_tokens = max(
-            generation.completion_tokens or 0, math.ceil(len(generation.progress_content or "") / 4)
+            generation.completion_tokens or 0, prices.text_tokens(generation.progress_content or "")
         )
     generation.progress_seq = body.seq
     lease = horde.settings.lease
