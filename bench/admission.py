@@ -51,7 +51,6 @@ from horde_lite.lifecycle import admission
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.estimate import estimate_request
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
-from horde_lite.lifecycle.queue_index import entry_rows
 from horde_lite.lifecycle.users import ANONYMOUS_KEY, Requester, hash_key
 from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.metrics import Metrics
@@ -265,8 +264,6 @@ async def build(horde: Horde, rng: random.Random, queued: int) -> Fixture:
             await session.execute(insert(TextRequest), rows)
             if links:
                 await session.execute(insert(RequestModel), links)
-            entries = [e for row in rows if row.get("state", "waiting") == "waiting" for e in entry_rows(row)]
-            await session.execute(insert(QueueEntry), entries)
     await settle(horde)
     return fixture
 

@@ -1,5 +1,5 @@
 """The change log: one row per change to a request or a worker that the wait estimate reads, written
-by the database's own triggers (migrations 0009 and 0010), so no code path can forget one.
+by the database's own triggers (migrations 0009, 0010 and 0020), so no code path can forget one.
 
 Each process keeps the waiting queue and the fleet in memory (lifecycle/mirror.py) and catches up
 by reading the rows written since it last read. Rows arrive in the order their transactions commit

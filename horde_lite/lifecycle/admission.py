@@ -22,7 +22,7 @@ from horde_lite.db.models import (
 )
 from horde_lite.db.rows import insert_rows
 from horde_lite.lifecycle import chat as chat_rules
-from horde_lite.lifecycle import kudos, prices, queue_index, worker_lists
+from horde_lite.lifecycle import kudos, prices, worker_lists
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import Rules
 from horde_lite.lifecycle.errors import HordeError
@@ -405,12 +405,10 @@ def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
 
 
 async def _insert(session: AsyncSession, row: TextRequest) -> None:
-    """Queue the admitted request: its row, its models, its entries in the queue's index and the
-    workers its deny-list refuses, as Core inserts (`insert_rows`): nothing reads them back as
-    objects in this transaction."""
+    """Queue the admitted request: its row and its models, as Core inserts (`insert_rows`): nothing
+    reads them back as objects in this transaction. The row's triggers enter it in the queue's index
+    with the workers its deny-list refuses."""
     await insert_rows(session, [row, *(RequestModel(request_id=row.id, model=m) for m in row.models)])
-    await queue_index.enter(session, row)
-    await queue_index.refuse(session, row.id, row.worker_deny)
 
 
 async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Admission:

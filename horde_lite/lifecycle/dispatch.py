@@ -282,8 +282,6 @@ async def pop(
         await conn.execute(_TAKEN, {"request_id": request.id, "left": left, "expires": expires})
         set_committed_value(request, "n_remaining", left)
         set_committed_value(request, "expires_at", expires)
-        if left == 0:  # all its jobs are out: no walk needs to pass it until one comes back
-            await queue_index.leave(session, request.id)
     lease = settings.lease.base_seconds
     model = _job_model(request, worker)
     speed = effective_speed(worker.lease_speed, settings)

@@ -13,7 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
-from horde_lite.lifecycle import kudos, owner_limits, queue_index
+from horde_lite.lifecycle import kudos, owner_limits
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.settlement import give_back, processing_count, shadow_outcome
@@ -157,7 +157,6 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
         await kudos.release_hold(session, request_id)
         await session.execute(delete(Generation).where(Generation.request_id == request_id))
         await session.execute(delete(RequestModel).where(RequestModel.request_id == request_id))
-        await queue_index.leave(session, request_id)
         await session.execute(delete(TextRequest).where(TextRequest.id == request_id))
         horde.notifier.on_commit(session, request_id)
         removed += 1

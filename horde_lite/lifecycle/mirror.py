@@ -825,6 +825,10 @@ _WORKER_COLUMNS = [
     Worker.threads,
     *fact_columns(Worker, WORKER_FACT_COLUMNS, WORKER_FACT_JSON),
 ]
+# What the change log's triggers must note: a change of any column the copy reads (compared with
+# the installed triggers by tests/integration/test_queue_triggers.py).
+NOTED_REQUEST_COLUMNS = tuple(c.name for c in _REQUEST_COLUMNS)
+NOTED_WORKER_COLUMNS = tuple(c.name for c in _WORKER_COLUMNS if c.name != "id")  # an id never changes
 _R_WIDTH = 1 + len(_REQUEST_COLUMNS)
 _W_WIDTH = 1 + len(_WORKER_COLUMNS)
 _R_AT = 4  # (snapshot, log id, kind, ref, request id, request columns..., worker id, worker columns...)

@@ -12,17 +12,24 @@ length (docs/explanation/dispatch.md). The wait estimate walks its own copy of t
 (lifecycle/mirror.py).
 
 The entries are a hint beside the truth. Every reader still judges the request rows themselves
-with the one eligibility check, so an entry left behind costs a skipped candidate, never a wrong
-answer. Entries enter when a request is admitted and leave when its last job is handed out or it
-stops waiting (faulted, cancelled, expired); a job given back (lapsed, faulted) to a request with
-none left brings them back, at the same place. Jobs being generated are thus not in the index: on
-a busy horde the head of the queue is mostly requests whose jobs are all out, and a walk that read
+with the one eligibility check, so an entry left behind would cost a skipped candidate, never a
+wrong answer. None is left behind: the database's triggers on `text_requests` (migration
+0020_queue_kept_by_triggers) keep all three tables, in the transaction that writes the request, as
+the change log's triggers keep the wait estimate's copy, so no code path can forget them. A request
+has entries while it waits with a job to hand out (`state` waiting, `n_remaining` > 0): they enter
+when it is admitted, leave when its last job is handed out or it stops waiting, and come back, at
+the same place, when a job is given back to a request with none left. Its refusals are written
+when its lists are, and go with the request. Jobs being generated are thus not in the index: on a
+busy horde the head of the queue is mostly requests whose jobs are all out, and a walk that read
 them would page past hundreds of requests no worker may take.
+
+`tests/support/queue_oracle.py` states in Python what the triggers write, and
+`tests/integration/test_queue_triggers.py` checks that they agree on both databases.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,8 +38,6 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
-    delete,
-    insert,
     not_,
     or_,
     select,
@@ -44,7 +49,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 from sqlalchemy.sql.elements import ColumnElement
 
-from horde_lite.db.models import QueueEntry, QueueOwnerRefusal, QueueRefusal, TextRequest, Worker
+from horde_lite.db.models import QueueEntry, TextRequest, Worker
 from horde_lite.db.sqltypes import JsonList
 from horde_lite.lifecycle.eligibility import (
     Rules,
@@ -64,6 +69,16 @@ ANY_MODEL = ""  # the entry of a request that names no model: every worker serve
 # Past this many models, one walk of the whole queue in order (its own index) is cheaper than a
 # merge of per-model walks, each of which may read a page that the merge then drops.
 MANY_MODELS = 8
+
+# The request columns the triggers make a request's entries of, and the lists whose names they
+# write as its refusals: a change of any of them rewrites what the index holds for the request
+# (tests/integration/test_queue_triggers.py compares them with the installed triggers).
+ENTRY_SOURCE_COLUMNS = (
+    "effective_start", "created_at", "is_chat", "max_length", "max_context_length", "prompt_tokens",
+    "nsfw", "trusted_workers", "slow_workers", "any_model", "models", "targeted", "worker_allow",
+    "required_features", "required_transports",
+)  # fmt: skip
+REFUSAL_SOURCE_COLUMNS = ("worker_deny", "failed_workers", "failed_owners")
 
 ANY_WORKER = ""  # the target of an entry any worker may read
 # A targeted request has an entry per model and worker it names while they number at most this
@@ -120,96 +135,6 @@ class Limits:
             worker.capacity,
             rules,
         )
-
-
-# The request columns an entry is made of.
-_SOURCE = ("id", "models", "any_model", "effective_start", "created_at", "is_chat", "max_length",
-           "max_context_length", "prompt_tokens", "nsfw", "trusted_workers", "slow_workers", "targeted",
-           "worker_allow", "required_features", "required_transports")  # fmt: skip
-
-
-def targets(request: Mapping[str, Any], models: int) -> list[str]:
-    """The workers the entries of a request asking for `models` models name: those of its
-    allow-list when the entries would number at most `TARGET_ENTRIES`, else `ANY_WORKER` alone."""
-    allow = sorted(set(request.get("worker_allow") or ())) if request.get("targeted") else []
-    if not allow or models * len(allow) > TARGET_ENTRIES or any(len(w) > TARGET_LENGTH for w in allow):
-        return [ANY_WORKER]
-    return allow
-
-
-# What makes a request's entries not plain (QueueEntry.plain), besides an allow-list they do not name.
-_NOT_PLAIN = ("required_features", "required_transports")
-
-
-def entry_rows(request: Mapping[str, Any]) -> list[dict[str, Any]]:
-    """The entries of a waiting request given as its column values (bulk loaders use this too).
-    The lengths are what `chat_limits_admit`/`legacy_limits_admit` compare with a worker's."""
-    chat = bool(request["is_chat"])
-    need_context = (
-        request.get("prompt_tokens", 0) + request["max_length"] if chat else request["max_context_length"]
-    )
-    common = {
-        "request_id": request["id"],
-        "effective_start": request["effective_start"],
-        "created_at": request["created_at"],
-        "is_chat": chat,
-        "need_length": request["max_length"],
-        "need_context": need_context,
-        "nsfw": bool(request.get("nsfw", False)),
-        "trusted_workers": bool(request.get("trusted_workers", False)),
-        "slow_workers": bool(request.get("slow_workers", True)),
-    }
-    models = [ANY_MODEL] if request.get("any_model", True) else sorted(set(request["models"]))
-    named = targets(request, len(models))
-    common["plain"] = not any(request.get(c) for c in _NOT_PLAIN) and (
-        not request.get("targeted") or named != [ANY_WORKER]
-    )
-    return [{**common, "model": m, "target": t} for m in models for t in named]
-
-
-async def enter(session: AsyncSession, row: TextRequest) -> None:
-    """Index a waiting request, with its final lengths (after any downgrade)."""
-    await session.execute(insert(QueueEntry.__table__), entry_rows({c: getattr(row, c) for c in _SOURCE}))
-
-
-# Core, built once: entries are never loaded as objects, so the ORM has nothing to synchronise.
-_LEAVE = delete(QueueEntry.__table__).where(QueueEntry.__table__.c.request_id == bindparam("request_id"))
-
-
-async def leave(session: AsyncSession, request_id: str) -> None:
-    """The request has no job to hand out (all out, or it stopped waiting): no walk needs to pass
-    it."""
-    await session.execute(_LEAVE, {"request_id": request_id})
-
-
-async def come_back(session: AsyncSession, row: TextRequest) -> None:
-    """A request whose jobs were all out has one to hand out again: its entries return, keyed as
-    before. Any left behind are replaced, so a stale entry cannot turn a give-back into an error."""
-    await leave(session, row.id)
-    await enter(session, row)
-
-
-def refusal_rows(request_id: str, workers: Iterable[str]) -> list[dict[str, Any]]:
-    """The refusals of a request naming `workers` (bulk loaders use this too); a name longer than
-    a worker id refuses no worker."""
-    return [
-        {"request_id": request_id, "worker_id": w} for w in sorted(set(workers)) if len(w) <= TARGET_LENGTH
-    ]
-
-
-async def refuse(session: AsyncSession, request_id: str, workers: Iterable[str]) -> None:
-    """The request refuses `workers` for good (its deny-list at admission, a worker that failed
-    it), so walks skip it for them; none already refused may be among them."""
-    rows = refusal_rows(request_id, workers)
-    if rows:
-        await session.execute(insert(QueueRefusal.__table__), rows)
-
-
-async def refuse_owner(session: AsyncSession, request_id: str, owner_id: int) -> None:
-    """The request refuses every worker of `owner_id` for good (one of them failed it); the owner
-    is not refused already."""
-    refusal = {"request_id": request_id, "owner_id": owner_id}
-    await session.execute(insert(QueueOwnerRefusal.__table__), [refusal])
 
 
 def _not_refused(request_id: Any) -> ColumnElement[bool]:

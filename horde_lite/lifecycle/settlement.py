@@ -7,7 +7,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import AssignmentRecord, Generation, TextRequest, Worker
-from horde_lite.lifecycle import kudos, queue_index
+from horde_lite.lifecycle import kudos
 from horde_lite.lifecycle.context import Horde
 from horde_lite.policies.protocols import Outcome
 
@@ -73,26 +73,21 @@ async def give_back(
     if aborted:
         request.restarts += 1
     worker_id, owner = worker.id, str(worker.owner_id)
+    # New lists, so the ORM sees a change; the row's triggers refuse the worker and its owner in the
+    # queue's index. Another worker of a refused owner can still fail a job it took before.
     if worker_id not in (request.failed_workers or []):
-        request.failed_workers = [*(request.failed_workers or []), worker_id]  # a new list: a change
-        if worker_id not in (request.worker_deny or []):  # a deny-list's workers are refused already
-            await queue_index.refuse(session, request.id, [worker_id])
-    # Another worker of a refused owner can still fail a job it took before the first failure.
+        request.failed_workers = [*(request.failed_workers or []), worker_id]
     if owner not in (request.failed_owners or []):
         request.failed_owners = [*(request.failed_owners or []), owner]
-        await queue_index.refuse_owner(session, request.id, worker.owner_id)
     if request.state != "waiting":
         await maybe_finish(session, request)
         return
     if len(request.failed_owners) > horde.settings.request.max_failures:
         request.state = "faulted"
         request.n_remaining = 0
-        await queue_index.leave(session, request.id)
         await maybe_finish(session, request)
         return
-    request.n_remaining += 1
-    if request.n_remaining == 1:  # it has a job to hand out again, at its old place in the queue
-        await queue_index.come_back(session, request)
+    request.n_remaining += 1  # with none left before, its entries come back at its old place
 
 
 async def shadow_outcome(

@@ -10,7 +10,6 @@ from sqlalchemy import Select, and_, bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, TextRequest, Worker
-from horde_lite.lifecycle import queue_index
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import HEAD_WIDTH, estimate, head_columns, queued
@@ -175,7 +174,6 @@ async def cancel(session: AsyncSession, horde: Horde, request_id: str) -> None:
     if request.state == "waiting":
         request.state = "cancelled"
         request.n_remaining = 0
-        await queue_index.leave(session, request.id)
         await session.execute(
             Generation.__table__.update()
             .where(Generation.request_id == request_id, Generation.state == "processing")

@@ -61,8 +61,6 @@ from sqlalchemy.orm import aliased
 
 from horde_lite.db.models import (
     QueueEntry,
-    QueueOwnerRefusal,
-    QueueRefusal,
     RequestModel,
     TextRequest,
     User,
@@ -80,7 +78,6 @@ from horde_lite.lifecycle.eligibility import (
     is_eligible,
     text_wp_speed_gate_clause,
 )
-from horde_lite.lifecycle.queue_index import entry_rows, refusal_rows
 from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.policies.protocols import GateInputs, SpeedGate
 from horde_lite.settings import Settings
@@ -396,18 +393,7 @@ async def _write(conn: AsyncConnection, example: Example) -> None:
     wanted = [{"request_id": rid, "model": m} for rid, r in example.requests for m in sorted(r.models)]
     if wanted:
         await conn.execute(insert(RequestModel), wanted)
-    entries = [e for rid, r in example.requests for e in entry_rows(_request_row(rid, r))]
-    await conn.execute(insert(QueueEntry), entries)
-    refusals = [
-        x for rid, r in example.requests for x in refusal_rows(rid, [*r.worker_deny, *r.failed_workers])
-    ]
-    if refusals:
-        await conn.execute(insert(QueueRefusal), refusals)
-    owners = [
-        {"request_id": rid, "owner_id": users[int(o)]} for rid, r in example.requests for o in r.failed_owners
-    ]
-    if owners:
-        await conn.execute(insert(QueueOwnerRefusal), owners)
+    # The rows' triggers enter the requests in the queue's index, with their refusals.
 
 
 async def _pairs(conn: AsyncConnection, *where: Any) -> set[tuple[str, str]]:
