@@ -27,6 +27,7 @@ from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLAT
 from horde_lite.lifecycle import dashboard
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 
 COOKIE = "horde_lite_dashboard"
 PATH = "/dashboard"
@@ -73,7 +74,7 @@ async def _by_key(horde: Horde, key: str) -> Access:
     try:
         user = await dashboard.moderator(horde, key)
     except HordeError as exc:
-        return Access(status=403 if exc.rc == "NotModerator" else 401, message=exc.message)
+        return Access(status=403 if exc.rc == Rc.NotModerator else 401, message=exc.message)
     return Access(viewer=user.username)
 
 

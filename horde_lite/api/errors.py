@@ -19,105 +19,40 @@ from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 from horde_lite.api.db_errors import DRIVER_ERRORS, database_unavailable
 from horde_lite.db.bounds import BOUNDED_MARK
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 from horde_lite.settings import KUDOS_LIMIT
 
 log = logging.getLogger("horde_lite.errors")
 
-# Every rc the lifecycle raises -> its HTTP status (upstream's statuses for upstream's codes).
-RC_STATUS: dict[str, int] = {
-    "BadRequest": 400,
-    # Workers, users and kudos transfers (upstream's codes, 400 as upstream's validation errors).
-    "NoWorkerModSelected": 400,
-    "WorkerNameAlreadyExists": 400,
-    "NoValidActions": 400,
-    "KudosTransferFromAnon": 400,
-    "KudosTransferToAnon": 400,
-    "KudosTransferToSelf": 400,
-    "NegativeKudosTransfer": 400,
-    "InvalidKudosTransferAmount": 400,
-    "KudosTransferNotEnough": 400,
-    "InvalidTargetUsername": 400,
-    "KudosLimit": 400,
-    "TeamNotFound": 404,
-    "MissingPrompt": 400,
-    "TokenOverflow": 400,
-    "ContextLengthExceeded": 400,
-    "DuplicateGen": 400,
-    "AbortedGen": 400,
-    "NotStreamingJob": 400,
-    "ProgressTooLong": 400,
-    "TooManyProgressPosts": 400,
-    "GenerationTooLong": 400,
-    "ClientDisconnected": 400,
-    "InvalidAPIKey": 401,
-    "KudosUpfront": 403,
-    "SharedKeyInsufficientKudos": 403,
-    "SharedKeyEmpty": 403,
-    "SharedKeyExpired": 403,
-    "WrongCredentials": 403,
-    "AnonForbidden": 403,
-    "AnonForbiddenWorker": 403,
-    "WorkerMaintenance": 403,
-    "TooManyWorkers": 403,
-    "TooManySharedKeys": 403,
-    "NotModerator": 403,
-    "Forbidden": 403,
-    "RequestNotFound": 404,
-    "InvalidJobID": 404,
-    "UserNotFound": 404,
-    "WorkerNotFound": 404,
-    "SharedKeyNotFound": 404,
-    "ModelNotFound": 404,
-    "NotFound": 404,
-    "MethodNotAllowed": 405,
-    "ProgressOutOfOrder": 409,
-    "RequestCancelled": 410,
-    "PayloadTooLarge": 413,
-    "TooManyPrompts": 429,
-    "RateLimited": 429,
-    "ProgressTooFast": 429,
-    "InternalServerError": 500,
-    "WorkerFailed": 502,
-    "NoEligibleWorker": 503,
-    "QueueTimeout": 503,
-    "DatabaseUnavailable": 503,
-}
-
-
-def status_of(rc: str) -> int:
-    """The HTTP status of an rc; an rc missing from the table is a server bug, shown as 500."""
-    return RC_STATUS.get(rc, 500)
-
-
 # horde rc -> (OpenAI error type, code) for the chat front.
-OPENAI_CODES: dict[str, tuple[str, str]] = {
-    "BadRequest": ("invalid_request_error", "invalid_request_error"),
-    "MissingPrompt": ("invalid_request_error", "invalid_request_error"),
-    "TokenOverflow": ("invalid_request_error", "context_length_exceeded"),
-    "ContextLengthExceeded": ("invalid_request_error", "context_length_exceeded"),
-    "InvalidAPIKey": ("authentication_error", "invalid_api_key"),
-    "KudosUpfront": ("insufficient_quota", "kudos_upfront"),
-    "SharedKeyInsufficientKudos": ("insufficient_quota", "kudos_upfront"),
-    "SharedKeyEmpty": ("insufficient_quota", "kudos_upfront"),
-    "SharedKeyExpired": ("authentication_error", "invalid_api_key"),
-    "ModelNotFound": ("invalid_request_error", "model_not_found"),
-    "TooManyPrompts": ("rate_limit_error", "rate_limit_exceeded"),
-    "RateLimited": ("rate_limit_error", "rate_limit_exceeded"),
-    "DatabaseUnavailable": ("service_unavailable", "database_unavailable"),
-    "NoEligibleWorker": ("service_unavailable", "no_eligible_worker"),
-    "QueueTimeout": ("service_unavailable", "queue_timeout"),
-    "WorkerFailed": ("server_error", "worker_failed"),
-    "RequestCancelled": ("invalid_request_error", "request_cancelled"),
-    "ClientDisconnected": ("invalid_request_error", "client_disconnected"),
-    "NotFound": ("invalid_request_error", "not_found"),
-    "MethodNotAllowed": ("invalid_request_error", "method_not_allowed"),
-    "InternalServerError": ("server_error", "internal_error"),
+OPENAI_CODES: dict[Rc, tuple[str, str]] = {
+    Rc.BadRequest: ("invalid_request_error", "invalid_request_error"),
+    Rc.MissingPrompt: ("invalid_request_error", "invalid_request_error"),
+    Rc.TokenOverflow: ("invalid_request_error", "context_length_exceeded"),
+    Rc.ContextLengthExceeded: ("invalid_request_error", "context_length_exceeded"),
+    Rc.InvalidAPIKey: ("authentication_error", "invalid_api_key"),
+    Rc.KudosUpfront: ("insufficient_quota", "kudos_upfront"),
+    Rc.SharedKeyInsufficientKudos: ("insufficient_quota", "kudos_upfront"),
+    Rc.SharedKeyEmpty: ("insufficient_quota", "kudos_upfront"),
+    Rc.SharedKeyExpired: ("authentication_error", "invalid_api_key"),
+    Rc.ModelNotFound: ("invalid_request_error", "model_not_found"),
+    Rc.TooManyPrompts: ("rate_limit_error", "rate_limit_exceeded"),
+    Rc.RateLimited: ("rate_limit_error", "rate_limit_exceeded"),
+    Rc.DatabaseUnavailable: ("service_unavailable", "database_unavailable"),
+    Rc.NoEligibleWorker: ("service_unavailable", "no_eligible_worker"),
+    Rc.QueueTimeout: ("service_unavailable", "queue_timeout"),
+    Rc.WorkerFailed: ("server_error", "worker_failed"),
+    Rc.RequestCancelled: ("invalid_request_error", "request_cancelled"),
+    Rc.ClientDisconnected: ("invalid_request_error", "client_disconnected"),
+    Rc.NotFound: ("invalid_request_error", "not_found"),
+    Rc.MethodNotAllowed: ("invalid_request_error", "method_not_allowed"),
+    Rc.InternalServerError: ("server_error", "internal_error"),
 }
 
 
 # 429/503 answers a client should retry after `Retry-After` (`x-should-retry: true` lets the openai
 # package do so); the others tell it not to resend at once.
-RETRYABLE_RCS = frozenset({"RateLimited", "ProgressTooFast", "DatabaseUnavailable"})
+RETRYABLE_RCS = frozenset({Rc.RateLimited, Rc.ProgressTooFast, Rc.DatabaseUnavailable})
 # Seconds a client is told to wait before retrying after a lost database connection.
 DATABASE_RETRY_AFTER = 5
 
@@ -147,7 +82,7 @@ def is_v1(request: Request[Any, Any, Any]) -> bool:
     return request.url.path.startswith("/v1")
 
 
-def openai_body(status: int, rc: str, message: str, param: str | None = None) -> dict[str, Any]:
+def openai_body(status: int, rc: Rc, message: str, param: str | None = None) -> dict[str, Any]:
     kind, code = OPENAI_CODES.get(rc, ("invalid_request_error" if status < 500 else "server_error", rc))
     if status == 413:
         code = "request_too_large"
@@ -157,7 +92,7 @@ def openai_body(status: int, rc: str, message: str, param: str | None = None) ->
 def _respond(
     request: Request[Any, Any, Any],
     status: int,
-    rc: str,
+    rc: Rc,
     message: str,
     headers: dict[str, str] | None = None,
     **extra: Any,
@@ -176,7 +111,7 @@ def _respond(
 
 
 def horde_error_handler(request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
-    return _respond(request, status_of(exc.rc), exc.rc, exc.message, **exc.extra)
+    return _respond(request, exc.rc.status, exc.rc, exc.message, **exc.extra)
 
 
 def field_errors(exc: ValidationException) -> dict[str, str]:
@@ -196,27 +131,27 @@ def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> R
     if isinstance(exc, ValidationException):
         errors = field_errors(exc)
         if not errors:  # not about a field (a body that is not JSON): no `errors`, as upstream
-            return _respond(request, 400, "BadRequest", str(exc.detail))
+            return _respond(request, 400, Rc.BadRequest, str(exc.detail))
         listed = "; ".join(f"{key}: {reason}" for key, reason in errors.items())
-        return _respond(request, 400, "BadRequest", f"Input payload validation failed: {listed}",
+        return _respond(request, 400, Rc.BadRequest, f"Input payload validation failed: {listed}",
                         errors=errors, param=next(iter(errors)))  # fmt: skip
     if isinstance(exc, NotFoundException):
-        return _respond(request, 404, "NotFound", f"No route {request.method} {request.url.path}.")
+        return _respond(request, 404, Rc.NotFound, f"No route {request.method} {request.url.path}.")
     if isinstance(exc, MethodNotAllowedException):
         # Litestar's router names the route's methods in `allow`; RFC 9110 requires it on a 405.
         allow = (exc.headers or {}).get("allow", "")
-        return _respond(request, 405, "MethodNotAllowed",
+        return _respond(request, 405, Rc.MethodNotAllowed,
                         f"{request.method} is not allowed on {request.url.path}; allowed: {allow}.",
                         headers={"Allow": allow})  # fmt: skip
     if isinstance(exc, TooManyRequestsException):
         # Raised by the rate-limit middleware (horde_lite.api.ratelimit), which counts per key and address.
         limit_headers = dict(exc.headers or {})
         wait = max(1, int(limit_headers.get("RateLimit-Reset", "60")))
-        return _respond(request, 429, "RateLimited",
+        return _respond(request, 429, Rc.RateLimited,
                         f"Too many requests from this key and address; retry after {wait} seconds.",
                         headers=limit_headers, retry_after=wait)  # fmt: skip
-    rc = {405: "MethodNotAllowed", 401: "InvalidAPIKey", 403: "Forbidden", 413: "PayloadTooLarge"}.get(
-        status, "HTTPError"
+    rc = {405: Rc.MethodNotAllowed, 401: Rc.InvalidAPIKey, 403: Rc.Forbidden, 413: Rc.PayloadTooLarge}.get(
+        status, Rc.HTTPError
     )
     return _respond(request, status, rc, str(exc.detail))
 
@@ -224,7 +159,7 @@ def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> R
 def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
     return _respond(
-        request, 500, "InternalServerError", "The server hit an internal error; nothing was changed."
+        request, 500, Rc.InternalServerError, "The server hit an internal error; nothing was changed."
     )
 
 
@@ -236,12 +171,12 @@ def database_error_handler(request: Request[Any, Any, Any], exc: Exception) -> R
         message = (
             f"That would take an amount or balance of kudos beyond +-{KUDOS_LIMIT:g}; nothing was changed."
         )
-        return _respond(request, 400, "KudosLimit", message)
+        return _respond(request, 400, Rc.KudosLimit, message)
     if not database_unavailable(exc):
         return internal_error_handler(request, exc)
     log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
     message = "The database is unavailable; retry in a few seconds."
-    return _respond(request, 503, "DatabaseUnavailable", message, retry_after=DATABASE_RETRY_AFTER)
+    return _respond(request, 503, Rc.DatabaseUnavailable, message, retry_after=DATABASE_RETRY_AFTER)
 
 
 EXCEPTION_HANDLERS: dict[Any, Any] = {

@@ -36,6 +36,7 @@ from horde_lite.lifecycle.users import authenticate_user, is_anonymous_key
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.policies.registry import PolicyError
+from horde_lite.rc import Rc
 
 WINDOW_SECONDS = 24 * 3600.0  # the shadow and allowance panels: the last day
 CANDIDATE_WINDOW_SECONDS = 7 * 86400.0  # the candidate comparison: the last week
@@ -74,16 +75,16 @@ async def moderator(horde: Horde, apikey: str | None) -> User:
     """The moderator a key belongs to; HordeError InvalidAPIKey (no key, an unknown one) or
     NotModerator (any other user's key, a shared key, the anonymous key)."""
     if is_anonymous_key(apikey):
-        raise HordeError("InvalidAPIKey", "A moderator's API key is required.")
+        raise HordeError(Rc.InvalidAPIKey, "A moderator's API key is required.")
     async with horde.transaction() as session:
         try:
             user = await authenticate_user(session, apikey, horde.clock.now())
         except HordeError as exc:
-            if exc.rc == "WrongCredentials":  # a shared key: never a moderator's own key
-                raise HordeError("NotModerator", "Only a moderator's own key opens the dashboard.") from exc
+            if exc.rc == Rc.WrongCredentials:  # a shared key: never a moderator's own key
+                raise HordeError(Rc.NotModerator, "Only a moderator's own key opens the dashboard.") from exc
             raise
     if not user.moderator:
-        raise HordeError("NotModerator", "Only a moderator's own key opens the dashboard.")
+        raise HordeError(Rc.NotModerator, "Only a moderator's own key opens the dashboard.")
     return user
 
 

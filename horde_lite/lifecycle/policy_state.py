@@ -41,6 +41,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.users import authenticate
 from horde_lite.policies.protocols import KINDS
 from horde_lite.policies.registry import build, load_policies
+from horde_lite.rc import Rc
 from horde_lite.settings import Settings, SettingsError, load_settings
 
 log = logging.getLogger("horde_lite.policies")
@@ -223,11 +224,11 @@ async def authorize_operator(horde: Horde, caller: Caller) -> None:
     if horde.settings.http.open_operator_pages:
         return
     if not caller.apikey:
-        raise HordeError("NotModerator", "Operator pages need a moderator's API key (apikey header).")
+        raise HordeError(Rc.NotModerator, "Operator pages need a moderator's API key (apikey header).")
     async with horde.transaction() as session:
         viewer = await authenticate(session, caller.apikey, horde.clock.now())
     if not viewer.user.moderator or viewer.shared_key is not None:
-        raise HordeError("NotModerator", "Only a moderator may read the operator pages.")
+        raise HordeError(Rc.NotModerator, "Only a moderator may read the operator pages.")
 
 
 async def apply_changes(horde: Horde, failed: dict[str, int] | None = None) -> list[str]:
