@@ -1,8 +1,14 @@
-"""Error mapping: `{"message","rc"}` on the horde API, `{"error":{...}}` on /v1, never a bare 500."""
+"""Error mapping: `{"message","rc"}` on the horde API, `{"error":{...}}` on /v1, never a bare 500.
+
+Each face's Router carries its own exception handlers (`HORDE_HANDLERS`, `OPENAI_HANDLERS`), so a
+route's answer takes its face's shape from where the route is mounted. `UNROUTED_HANDLERS` are the
+app's: they answer what no router's route matched (an unknown path, a wrong method, a bad Host) and
+the app's own routes (operator pages, docs, metrics)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -14,6 +20,7 @@ from litestar.exceptions import (
     TooManyRequestsException,
     ValidationException,
 )
+from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from horde_lite.api.db_errors import DRIVER_ERRORS, database_unavailable
@@ -78,10 +85,6 @@ class OpenAIErrorBody(msgspec.Struct):
     error: OpenAIErrorDetail
 
 
-def is_v1(request: Request[Any, Any, Any]) -> bool:
-    return request.url.path.startswith("/v1")
-
-
 def openai_body(status: int, rc: Rc, message: str, param: str | None = None) -> dict[str, Any]:
     kind, code = OPENAI_CODES.get(rc, ("invalid_request_error" if status < 500 else "server_error", rc))
     if status == 413:
@@ -89,29 +92,32 @@ def openai_body(status: int, rc: Rc, message: str, param: str | None = None) -> 
     return msgspec.to_builtins(OpenAIErrorBody(OpenAIErrorDetail(message, kind, param, code)))
 
 
-def _respond(
-    request: Request[Any, Any, Any],
-    status: int,
-    rc: Rc,
-    message: str,
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> Response[Any]:
-    headers = dict(headers or {})
-    if status in (429, 503):
-        headers["Retry-After"] = str(extra.get("retry_after", 30))
-        headers["x-should-retry"] = "true" if rc in RETRYABLE_RCS else "false"
-    if is_v1(request):
-        return Response(
-            openai_body(status, rc, message, extra.get("param")), status_code=status, headers=headers
-        )
+# A face's error body from the request, the status, the code, the message and the refusal's extras.
+Shape = Callable[[Request[Any, Any, Any], int, Rc, str, Mapping[str, Any]], Any]
+
+
+def horde_shape(
+    request: Request[Any, Any, Any], status: int, rc: Rc, message: str, extra: Mapping[str, Any]
+) -> Any:
     errors = extra.get("errors")
     body = HordeErrorBody(message, rc, {str(k): str(v) for k, v in errors.items()} if errors else None)
-    return Response(msgspec.to_builtins(body), status_code=status, headers=headers)
+    return msgspec.to_builtins(body)
 
 
-def horde_error_handler(request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
-    return _respond(request, exc.rc.status, exc.rc, exc.message, **exc.extra)
+def openai_shape(
+    request: Request[Any, Any, Any], status: int, rc: Rc, message: str, extra: Mapping[str, Any]
+) -> Any:
+    return openai_body(status, rc, message, extra.get("param"))
+
+
+def unrouted_shape(
+    request: Request[Any, Any, Any], status: int, rc: Rc, message: str, extra: Mapping[str, Any]
+) -> Any:
+    """Litestar answers a path no route matches (404), a method its route lacks (405) and a bad
+    Host before any router is chosen, with the app's handlers only; an unknown path under /v1 is
+    still the OpenAI front's, so this one fallback picks the face by the path's prefix."""
+    shape = openai_shape if request.url.path.startswith("/v1") else horde_shape
+    return shape(request, status, rc, message, extra)
 
 
 def field_errors(exc: ValidationException) -> dict[str, str]:
@@ -126,64 +132,98 @@ def field_errors(exc: ValidationException) -> dict[str, str]:
     return errors
 
 
-def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    status = exc.status_code
-    if isinstance(exc, ValidationException):
-        errors = field_errors(exc)
-        if not errors:  # not about a field (a body that is not JSON): no `errors`, as upstream
-            return _respond(request, 400, Rc.BadRequest, str(exc.detail))
-        listed = "; ".join(f"{key}: {reason}" for key, reason in errors.items())
-        return _respond(request, 400, Rc.BadRequest, f"Input payload validation failed: {listed}",
-                        errors=errors, param=next(iter(errors)))  # fmt: skip
-    if isinstance(exc, NotFoundException):
-        return _respond(request, 404, Rc.NotFound, f"No route {request.method} {request.url.path}.")
-    if isinstance(exc, MethodNotAllowedException):
-        # Litestar's router names the route's methods in `allow`; RFC 9110 requires it on a 405.
-        allow = (exc.headers or {}).get("allow", "")
-        return _respond(request, 405, Rc.MethodNotAllowed,
-                        f"{request.method} is not allowed on {request.url.path}; allowed: {allow}.",
-                        headers={"Allow": allow})  # fmt: skip
-    if isinstance(exc, TooManyRequestsException):
-        # Raised by the rate-limit middleware (horde_lite.api.ratelimit), which counts per key and address.
-        limit_headers = dict(exc.headers or {})
-        wait = max(1, int(limit_headers.get("RateLimit-Reset", "60")))
-        return _respond(request, 429, Rc.RateLimited,
-                        f"Too many requests from this key and address; retry after {wait} seconds.",
-                        headers=limit_headers, retry_after=wait)  # fmt: skip
-    rc = {405: Rc.MethodNotAllowed, 401: Rc.InvalidAPIKey, 403: Rc.Forbidden, 413: Rc.PayloadTooLarge}.get(
-        status, Rc.HTTPError
-    )
-    return _respond(request, status, rc, str(exc.detail))
+class ErrorFace:
+    """One face's exception handlers: every error answered in the face's body `shape`."""
 
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
 
-def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _respond(
-        request, 500, Rc.InternalServerError, "The server hit an internal error; nothing was changed."
-    )
+    def respond(
+        self,
+        request: Request[Any, Any, Any],
+        rc: Rc,
+        message: str,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> Response[Any]:
+        status = status or rc.status
+        headers = dict(headers or {})
+        if status in (429, 503):
+            headers["Retry-After"] = str(extra.get("retry_after", 30))
+            headers["x-should-retry"] = "true" if rc in RETRYABLE_RCS else "false"
+        body = self.shape(request, status, rc, message, extra)
+        return Response(body, status_code=status, headers=headers)
 
+    def horde_error(self, request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
+        return self.respond(request, exc.rc, exc.message, **exc.extra)
 
-def database_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """A lost or unreachable database is a 503 the client may retry; an amount of kudos the
-    database's bounds refuse (`db/bounds.py`) is the caller's 400; any other database error is a bug."""
-    if isinstance(exc, IntegrityError) and BOUNDED_MARK in str(exc):
-        log.warning("kudos bound refused on %s %s: %s", request.method, request.url.path, exc.orig)
-        message = (
-            f"That would take an amount or balance of kudos beyond +-{KUDOS_LIMIT:g}; nothing was changed."
+    def http_error(self, request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+        if isinstance(exc, ValidationException):
+            errors = field_errors(exc)
+            if not errors:  # not about a field (a body that is not JSON): no `errors`, as upstream
+                return self.respond(request, Rc.BadRequest, str(exc.detail))
+            listed = "; ".join(f"{key}: {reason}" for key, reason in errors.items())
+            return self.respond(request, Rc.BadRequest, f"Input payload validation failed: {listed}",
+                                errors=errors, param=next(iter(errors)))  # fmt: skip
+        if isinstance(exc, NotFoundException):
+            return self.respond(request, Rc.NotFound, f"No route {request.method} {request.url.path}.")
+        if isinstance(exc, MethodNotAllowedException):
+            # Litestar's router names the route's methods in `allow`; RFC 9110 requires it on a 405.
+            allow = (exc.headers or {}).get("allow", "")
+            return self.respond(request, Rc.MethodNotAllowed,
+                                f"{request.method} is not allowed on {request.url.path}; allowed: {allow}.",
+                                headers={"Allow": allow})  # fmt: skip
+        if isinstance(exc, TooManyRequestsException):
+            # Raised by the rate-limit middleware (horde_lite.api.ratelimit): per key and address.
+            limit_headers = dict(exc.headers or {})
+            wait = max(1, int(limit_headers.get("RateLimit-Reset", "60")))
+            return self.respond(request, Rc.RateLimited,
+                                f"Too many requests from this key and address; retry after {wait} seconds.",
+                                headers=limit_headers, retry_after=wait)  # fmt: skip
+        rc = HTTP_CODES.get(exc.status_code, Rc.HTTPError)
+        return self.respond(request, rc, str(exc.detail), status=exc.status_code)
+
+    def internal_error(self, request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return self.respond(
+            request, Rc.InternalServerError, "The server hit an internal error; nothing was changed."
         )
-        return _respond(request, 400, Rc.KudosLimit, message)
-    if not database_unavailable(exc):
-        return internal_error_handler(request, exc)
-    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
-    message = "The database is unavailable; retry in a few seconds."
-    return _respond(request, 503, Rc.DatabaseUnavailable, message, retry_after=DATABASE_RETRY_AFTER)
+
+    def database_error(self, request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        """A lost or unreachable database is a 503 the client may retry; an amount of kudos the
+        database's bounds refuse (`db/bounds.py`) is the caller's 400; any other database error is a bug."""
+        if isinstance(exc, IntegrityError) and BOUNDED_MARK in str(exc):
+            log.warning("kudos bound refused on %s %s: %s", request.method, request.url.path, exc.orig)
+            limit = f"+-{KUDOS_LIMIT:g}"
+            message = f"That would take an amount or balance of kudos beyond {limit}; nothing was changed."
+            return self.respond(request, Rc.KudosLimit, message)
+        if not database_unavailable(exc):
+            return self.internal_error(request, exc)
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        message = "The database is unavailable; retry in a few seconds."
+        return self.respond(request, Rc.DatabaseUnavailable, message, retry_after=DATABASE_RETRY_AFTER)
+
+    def handlers(self) -> ExceptionHandlersMap:
+        return {
+            HordeError: self.horde_error,
+            HTTPException: self.http_error,
+            SQLAlchemyError: self.database_error,
+            # A connection that cannot be opened surfaces unwrapped from the driver (refused, timed out, ...).
+            **dict.fromkeys(DRIVER_ERRORS, self.database_error),
+            Exception: self.internal_error,
+        }
 
 
-EXCEPTION_HANDLERS: dict[Any, Any] = {
-    HordeError: horde_error_handler,
-    HTTPException: http_error_handler,
-    SQLAlchemyError: database_error_handler,
-    # A connection that cannot be opened surfaces unwrapped from the driver (refused, timed out, ...).
-    **dict.fromkeys(DRIVER_ERRORS, database_error_handler),
-    Exception: internal_error_handler,
+# Litestar's other HTTP errors by status; any other keeps its status with `HTTPError`.
+HTTP_CODES: dict[int, Rc] = {
+    405: Rc.MethodNotAllowed,
+    401: Rc.InvalidAPIKey,
+    403: Rc.Forbidden,
+    413: Rc.PayloadTooLarge,
 }
+
+HORDE_HANDLERS = ErrorFace(horde_shape).handlers()
+OPENAI_HANDLERS = ErrorFace(openai_shape).handlers()
+UNROUTED_HANDLERS = ErrorFace(unrouted_shape).handlers()
