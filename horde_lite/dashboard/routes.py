@@ -3,7 +3,7 @@ inline SVG charts, one fragment route per panel that the page's script re-fetche
 
 Access: open when `[http] open_operator_pages` is true; otherwise a moderator's key, sent as the
 `apikey` header (scripts) or once through the login form, which sets an HttpOnly, SameSite=Strict
-cookie holding a signed session (lifecycle/dashboard.py: never the key, never its hash).
+cookie holding a signed session (queries.py: never the key, never its hash).
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ from litestar.template.config import TemplateConfig
 
 from horde_lite.api.deps import HordeDep, apikey_of
 from horde_lite.api.static_files import static_files_router
+from horde_lite.dashboard import queries
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
-from horde_lite.lifecycle import dashboard
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.rc import Rc
@@ -64,7 +64,7 @@ async def access(request: Request[Any, Any, Any], horde: Horde) -> Access:
     key = apikey_of(request)
     if key is not None:
         return await _by_key(horde, key)
-    user = await dashboard.session_moderator(horde, request.cookies.get(COOKIE))
+    user = await queries.session_moderator(horde, request.cookies.get(COOKIE))
     if user is not None:
         return Access(viewer=user.username, by_session=True)
     return Access(status=401, message="Sign in with a moderator's API key.")
@@ -72,7 +72,7 @@ async def access(request: Request[Any, Any, Any], horde: Horde) -> Access:
 
 async def _by_key(horde: Horde, key: str) -> Access:
     try:
-        user = await dashboard.moderator(horde, key)
+        user = await queries.moderator(horde, key)
     except HordeError as exc:
         return Access(status=403 if exc.rc == Rc.NotModerator else 401, message=exc.message)
     return Access(viewer=user.username)
@@ -133,10 +133,10 @@ async def login(request: Request[Any, Any, Any], horde: HordeDep) -> Template | 
     who = await _by_key(horde, key)
     if who.status != 200:
         return _login(who)
-    user = await dashboard.moderator(horde, key)
-    token = dashboard.session_token(user, horde.clock.now())
+    user = await queries.moderator(horde, key)
+    token = queries.session_token(user, horde.clock.now())
     cookie = Cookie(
-        key=COOKIE, value=token, path=PATH, max_age=dashboard.SESSION_SECONDS, httponly=True,
+        key=COOKIE, value=token, path=PATH, max_age=queries.SESSION_SECONDS, httponly=True,
         samesite="strict", secure=request.url.scheme == "https",
     )  # fmt: skip
     return Redirect(PATH, status_code=303, cookies=[cookie], headers=HEADERS)

@@ -1,5 +1,5 @@
 """What the operators' dashboard shows (docs/reference/dashboard.md), read from the tables and
-returned as typed data; the HTTP module renders it.
+returned as typed data; render.py turns it into panels, routes.py serves them.
 
 Every read is bounded: time series are aggregated in SQL into at most `MAX_BINS` bins, lists are
 limited, and the history tables are read through their `at` indexes over a fixed window.
