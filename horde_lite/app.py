@@ -13,13 +13,13 @@ from litestar.config.cors import CORSConfig
 
 from horde_lite.api.allow import AllowEveryMethod
 from horde_lite.api.body_schemas import describe_bodies
-from horde_lite.api.dashboard import DashboardPlugin
 from horde_lite.api.logfilter import logging_config
 from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
 from horde_lite.api.operator import ROUTES as operator_routes
 from horde_lite.api.ratelimit import rate_limit_middleware
 from horde_lite.clock import Clock
 from horde_lite.core_plugin import HordeLitePlugin
+from horde_lite.dashboard.routes import DashboardPlugin
 from horde_lite.settings import HttpSettings, Settings, load_settings
 
 # Headers a browser client's JavaScript may read from an answer (CORS hides the others).

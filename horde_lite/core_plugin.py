@@ -20,7 +20,7 @@ from horde_lite.api import http_metrics
 from horde_lite.api.body_rules import BodyRules
 from horde_lite.api.db_errors import database_unavailable
 from horde_lite.api.deps import DEPENDENCIES
-from horde_lite.api.errors import EXCEPTION_HANDLERS
+from horde_lite.api.errors import UNROUTED_HANDLERS
 from horde_lite.api.horde import router as horde_router
 from horde_lite.api.metrics_route import metrics
 from horde_lite.clock import Clock
@@ -57,7 +57,8 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         from horde_lite.api.openai import ROUTES as openai_routes
 
         app_config.route_handlers.extend([horde_router, metrics, *openai_routes])
-        app_config.exception_handlers.update(EXCEPTION_HANDLERS)
+        # Each face's router maps its own errors; these answer what no router's route matched.
+        app_config.exception_handlers.update(UNROUTED_HANDLERS)
         app_config.middleware.append(BodyRules())  # raw-input hygiene before any decoding
         app_config.on_startup.append(http_metrics.install)  # outside the router: sees 404s too
         app_config.dependencies.update(DEPENDENCIES)

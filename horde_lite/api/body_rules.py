@@ -26,6 +26,7 @@ from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 
 MAX_DEPTH = 64
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
@@ -41,7 +42,7 @@ _NOT_BRACKETS = bytes(b for b in range(256) if b not in _DEPTH_STEP)
 
 
 def _bad(message: str, param: str) -> HordeError:
-    return HordeError("BadRequest", message, param=param, errors={param: message})
+    return HordeError(Rc.BadRequest, message, param=param, errors={param: message})
 
 
 def check_target(scope: Scope) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from litestar import Request
+from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 
@@ -16,7 +17,7 @@ def provide_horde(state: State) -> Horde:
     return state.horde
 
 
-def apikey_of(request: Request[Any, Any, Any]) -> str | None:
+def apikey_of(request: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """The `apikey` header (the horde API's), else an `Authorization: Bearer` token (OpenAI's)."""
     key = request.headers.get("apikey")
     if key:

@@ -1,8 +1,14 @@
-"""Error mapping: `{"message","rc"}` on the horde API, `{"error":{...}}` on /v1, never a bare 500."""
+"""Error mapping: `{"message","rc"}` on the horde API, `{"error":{...}}` on /v1, never a bare 500.
+
+Each face's Router carries its own exception handlers (`HORDE_HANDLERS`, `OPENAI_HANDLERS`), so a
+route's answer takes its face's shape from where the route is mounted. `UNROUTED_HANDLERS` are the
+app's: they answer what no router's route matched (an unknown path, a wrong method, a bad Host) and
+the app's own routes (operator pages, docs, metrics)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import msgspec
@@ -14,110 +20,46 @@ from litestar.exceptions import (
     TooManyRequestsException,
     ValidationException,
 )
+from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from horde_lite.api.db_errors import DRIVER_ERRORS, database_unavailable
 from horde_lite.db.bounds import BOUNDED_MARK
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 from horde_lite.settings import KUDOS_LIMIT
 
 log = logging.getLogger("horde_lite.errors")
 
-# Every rc the lifecycle raises -> its HTTP status (upstream's statuses for upstream's codes).
-RC_STATUS: dict[str, int] = {
-    "BadRequest": 400,
-    # Workers, users and kudos transfers (upstream's codes, 400 as upstream's validation errors).
-    "NoWorkerModSelected": 400,
-    "WorkerNameAlreadyExists": 400,
-    "NoValidActions": 400,
-    "KudosTransferFromAnon": 400,
-    "KudosTransferToAnon": 400,
-    "KudosTransferToSelf": 400,
-    "NegativeKudosTransfer": 400,
-    "InvalidKudosTransferAmount": 400,
-    "KudosTransferNotEnough": 400,
-    "InvalidTargetUsername": 400,
-    "KudosLimit": 400,
-    "TeamNotFound": 404,
-    "MissingPrompt": 400,
-    "TokenOverflow": 400,
-    "ContextLengthExceeded": 400,
-    "DuplicateGen": 400,
-    "AbortedGen": 400,
-    "NotStreamingJob": 400,
-    "ProgressTooLong": 400,
-    "TooManyProgressPosts": 400,
-    "GenerationTooLong": 400,
-    "ClientDisconnected": 400,
-    "InvalidAPIKey": 401,
-    "KudosUpfront": 403,
-    "SharedKeyInsufficientKudos": 403,
-    "SharedKeyEmpty": 403,
-    "SharedKeyExpired": 403,
-    "WrongCredentials": 403,
-    "AnonForbidden": 403,
-    "AnonForbiddenWorker": 403,
-    "WorkerMaintenance": 403,
-    "TooManyWorkers": 403,
-    "TooManySharedKeys": 403,
-    "NotModerator": 403,
-    "Forbidden": 403,
-    "RequestNotFound": 404,
-    "InvalidJobID": 404,
-    "UserNotFound": 404,
-    "WorkerNotFound": 404,
-    "SharedKeyNotFound": 404,
-    "ModelNotFound": 404,
-    "NotFound": 404,
-    "MethodNotAllowed": 405,
-    "ProgressOutOfOrder": 409,
-    "RequestCancelled": 410,
-    "PayloadTooLarge": 413,
-    "TooManyPrompts": 429,
-    "RateLimited": 429,
-    "ProgressTooFast": 429,
-    "InternalServerError": 500,
-    "WorkerFailed": 502,
-    "NoEligibleWorker": 503,
-    "QueueTimeout": 503,
-    "DatabaseUnavailable": 503,
-}
-
-
-def status_of(rc: str) -> int:
-    """The HTTP status of an rc; an rc missing from the table is a server bug, shown as 500."""
-    return RC_STATUS.get(rc, 500)
-
-
 # horde rc -> (OpenAI error type, code) for the chat front.
-OPENAI_CODES: dict[str, tuple[str, str]] = {
-    "BadRequest": ("invalid_request_error", "invalid_request_error"),
-    "MissingPrompt": ("invalid_request_error", "invalid_request_error"),
-    "TokenOverflow": ("invalid_request_error", "context_length_exceeded"),
-    "ContextLengthExceeded": ("invalid_request_error", "context_length_exceeded"),
-    "InvalidAPIKey": ("authentication_error", "invalid_api_key"),
-    "KudosUpfront": ("insufficient_quota", "kudos_upfront"),
-    "SharedKeyInsufficientKudos": ("insufficient_quota", "kudos_upfront"),
-    "SharedKeyEmpty": ("insufficient_quota", "kudos_upfront"),
-    "SharedKeyExpired": ("authentication_error", "invalid_api_key"),
-    "ModelNotFound": ("invalid_request_error", "model_not_found"),
-    "TooManyPrompts": ("rate_limit_error", "rate_limit_exceeded"),
-    "RateLimited": ("rate_limit_error", "rate_limit_exceeded"),
-    "DatabaseUnavailable": ("service_unavailable", "database_unavailable"),
-    "NoEligibleWorker": ("service_unavailable", "no_eligible_worker"),
-    "QueueTimeout": ("service_unavailable", "queue_timeout"),
-    "WorkerFailed": ("server_error", "worker_failed"),
-    "RequestCancelled": ("invalid_request_error", "request_cancelled"),
-    "ClientDisconnected": ("invalid_request_error", "client_disconnected"),
-    "NotFound": ("invalid_request_error", "not_found"),
-    "MethodNotAllowed": ("invalid_request_error", "method_not_allowed"),
-    "InternalServerError": ("server_error", "internal_error"),
+OPENAI_CODES: dict[Rc, tuple[str, str]] = {
+    Rc.BadRequest: ("invalid_request_error", "invalid_request_error"),
+    Rc.MissingPrompt: ("invalid_request_error", "invalid_request_error"),
+    Rc.TokenOverflow: ("invalid_request_error", "context_length_exceeded"),
+    Rc.ContextLengthExceeded: ("invalid_request_error", "context_length_exceeded"),
+    Rc.InvalidAPIKey: ("authentication_error", "invalid_api_key"),
+    Rc.KudosUpfront: ("insufficient_quota", "kudos_upfront"),
+    Rc.SharedKeyInsufficientKudos: ("insufficient_quota", "kudos_upfront"),
+    Rc.SharedKeyEmpty: ("insufficient_quota", "kudos_upfront"),
+    Rc.SharedKeyExpired: ("authentication_error", "invalid_api_key"),
+    Rc.ModelNotFound: ("invalid_request_error", "model_not_found"),
+    Rc.TooManyPrompts: ("rate_limit_error", "rate_limit_exceeded"),
+    Rc.RateLimited: ("rate_limit_error", "rate_limit_exceeded"),
+    Rc.DatabaseUnavailable: ("service_unavailable", "database_unavailable"),
+    Rc.NoEligibleWorker: ("service_unavailable", "no_eligible_worker"),
+    Rc.QueueTimeout: ("service_unavailable", "queue_timeout"),
+    Rc.WorkerFailed: ("server_error", "worker_failed"),
+    Rc.RequestCancelled: ("invalid_request_error", "request_cancelled"),
+    Rc.ClientDisconnected: ("invalid_request_error", "client_disconnected"),
+    Rc.NotFound: ("invalid_request_error", "not_found"),
+    Rc.MethodNotAllowed: ("invalid_request_error", "method_not_allowed"),
+    Rc.InternalServerError: ("server_error", "internal_error"),
 }
 
 
 # 429/503 answers a client should retry after `Retry-After` (`x-should-retry: true` lets the openai
 # package do so); the others tell it not to resend at once.
-RETRYABLE_RCS = frozenset({"RateLimited", "ProgressTooFast", "DatabaseUnavailable"})
+RETRYABLE_RCS = frozenset({Rc.RateLimited, Rc.ProgressTooFast, Rc.DatabaseUnavailable})
 # Seconds a client is told to wait before retrying after a lost database connection.
 DATABASE_RETRY_AFTER = 5
 
@@ -143,40 +85,39 @@ class OpenAIErrorBody(msgspec.Struct):
     error: OpenAIErrorDetail
 
 
-def is_v1(request: Request[Any, Any, Any]) -> bool:
-    return request.url.path.startswith("/v1")
-
-
-def openai_body(status: int, rc: str, message: str, param: str | None = None) -> dict[str, Any]:
+def openai_body(status: int, rc: Rc, message: str, param: str | None = None) -> dict[str, Any]:
     kind, code = OPENAI_CODES.get(rc, ("invalid_request_error" if status < 500 else "server_error", rc))
     if status == 413:
         code = "request_too_large"
     return msgspec.to_builtins(OpenAIErrorBody(OpenAIErrorDetail(message, kind, param, code)))
 
 
-def _respond(
-    request: Request[Any, Any, Any],
-    status: int,
-    rc: str,
-    message: str,
-    headers: dict[str, str] | None = None,
-    **extra: Any,
-) -> Response[Any]:
-    headers = dict(headers or {})
-    if status in (429, 503):
-        headers["Retry-After"] = str(extra.get("retry_after", 30))
-        headers["x-should-retry"] = "true" if rc in RETRYABLE_RCS else "false"
-    if is_v1(request):
-        return Response(
-            openai_body(status, rc, message, extra.get("param")), status_code=status, headers=headers
-        )
+# A face's error body from the request, the status, the code, the message and the refusal's extras.
+Shape = Callable[[Request[Any, Any, Any], int, Rc, str, Mapping[str, Any]], Any]
+
+
+def horde_shape(
+    request: Request[Any, Any, Any], status: int, rc: Rc, message: str, extra: Mapping[str, Any]
+) -> Any:
     errors = extra.get("errors")
     body = HordeErrorBody(message, rc, {str(k): str(v) for k, v in errors.items()} if errors else None)
-    return Response(msgspec.to_builtins(body), status_code=status, headers=headers)
+    return msgspec.to_builtins(body)
 
 
-def horde_error_handler(request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
-    return _respond(request, status_of(exc.rc), exc.rc, exc.message, **exc.extra)
+def openai_shape(
+    request: Request[Any, Any, Any], status: int, rc: Rc, message: str, extra: Mapping[str, Any]
+) -> Any:
+    return openai_body(status, rc, message, extra.get("param"))
+
+
+def unrouted_shape(
+    request: Request[Any, Any, Any], status: int, rc: Rc, message: str, extra: Mapping[str, Any]
+) -> Any:
+    """Litestar answers a path no route matches (404), a method its route lacks (405) and a bad
+    Host before any router is chosen, with the app's handlers only; an unknown path under /v1 is
+    still the OpenAI front's, so this one fallback picks the face by the path's prefix."""
+    shape = openai_shape if request.url.path.startswith("/v1") else horde_shape
+    return shape(request, status, rc, message, extra)
 
 
 def field_errors(exc: ValidationException) -> dict[str, str]:
@@ -191,64 +132,98 @@ def field_errors(exc: ValidationException) -> dict[str, str]:
     return errors
 
 
-def http_error_handler(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
-    status = exc.status_code
-    if isinstance(exc, ValidationException):
-        errors = field_errors(exc)
-        if not errors:  # not about a field (a body that is not JSON): no `errors`, as upstream
-            return _respond(request, 400, "BadRequest", str(exc.detail))
-        listed = "; ".join(f"{key}: {reason}" for key, reason in errors.items())
-        return _respond(request, 400, "BadRequest", f"Input payload validation failed: {listed}",
-                        errors=errors, param=next(iter(errors)))  # fmt: skip
-    if isinstance(exc, NotFoundException):
-        return _respond(request, 404, "NotFound", f"No route {request.method} {request.url.path}.")
-    if isinstance(exc, MethodNotAllowedException):
-        # Litestar's router names the route's methods in `allow`; RFC 9110 requires it on a 405.
-        allow = (exc.headers or {}).get("allow", "")
-        return _respond(request, 405, "MethodNotAllowed",
-                        f"{request.method} is not allowed on {request.url.path}; allowed: {allow}.",
-                        headers={"Allow": allow})  # fmt: skip
-    if isinstance(exc, TooManyRequestsException):
-        # Raised by the rate-limit middleware (horde_lite.api.ratelimit), which counts per key and address.
-        limit_headers = dict(exc.headers or {})
-        wait = max(1, int(limit_headers.get("RateLimit-Reset", "60")))
-        return _respond(request, 429, "RateLimited",
-                        f"Too many requests from this key and address; retry after {wait} seconds.",
-                        headers=limit_headers, retry_after=wait)  # fmt: skip
-    rc = {405: "MethodNotAllowed", 401: "InvalidAPIKey", 403: "Forbidden", 413: "PayloadTooLarge"}.get(
-        status, "HTTPError"
-    )
-    return _respond(request, status, rc, str(exc.detail))
+class ErrorFace:
+    """One face's exception handlers: every error answered in the face's body `shape`."""
 
+    def __init__(self, shape: Shape) -> None:
+        self.shape = shape
 
-def internal_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return _respond(
-        request, 500, "InternalServerError", "The server hit an internal error; nothing was changed."
-    )
+    def respond(
+        self,
+        request: Request[Any, Any, Any],
+        rc: Rc,
+        message: str,
+        *,
+        status: int | None = None,
+        headers: dict[str, str] | None = None,
+        **extra: Any,
+    ) -> Response[Any]:
+        status = status or rc.status
+        headers = dict(headers or {})
+        if status in (429, 503):
+            headers["Retry-After"] = str(extra.get("retry_after", 30))
+            headers["x-should-retry"] = "true" if rc in RETRYABLE_RCS else "false"
+        body = self.shape(request, status, rc, message, extra)
+        return Response(body, status_code=status, headers=headers)
 
+    def horde_error(self, request: Request[Any, Any, Any], exc: HordeError) -> Response[Any]:
+        return self.respond(request, exc.rc, exc.message, **exc.extra)
 
-def database_error_handler(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
-    """A lost or unreachable database is a 503 the client may retry; an amount of kudos the
-    database's bounds refuse (`db/bounds.py`) is the caller's 400; any other database error is a bug."""
-    if isinstance(exc, IntegrityError) and BOUNDED_MARK in str(exc):
-        log.warning("kudos bound refused on %s %s: %s", request.method, request.url.path, exc.orig)
-        message = (
-            f"That would take an amount or balance of kudos beyond +-{KUDOS_LIMIT:g}; nothing was changed."
+    def http_error(self, request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
+        if isinstance(exc, ValidationException):
+            errors = field_errors(exc)
+            if not errors:  # not about a field (a body that is not JSON): no `errors`, as upstream
+                return self.respond(request, Rc.BadRequest, str(exc.detail))
+            listed = "; ".join(f"{key}: {reason}" for key, reason in errors.items())
+            return self.respond(request, Rc.BadRequest, f"Input payload validation failed: {listed}",
+                                errors=errors, param=next(iter(errors)))  # fmt: skip
+        if isinstance(exc, NotFoundException):
+            return self.respond(request, Rc.NotFound, f"No route {request.method} {request.url.path}.")
+        if isinstance(exc, MethodNotAllowedException):
+            # Litestar's router names the route's methods in `allow`; RFC 9110 requires it on a 405.
+            allow = (exc.headers or {}).get("allow", "")
+            return self.respond(request, Rc.MethodNotAllowed,
+                                f"{request.method} is not allowed on {request.url.path}; allowed: {allow}.",
+                                headers={"Allow": allow})  # fmt: skip
+        if isinstance(exc, TooManyRequestsException):
+            # Raised by the rate-limit middleware (horde_lite.api.ratelimit): per key and address.
+            limit_headers = dict(exc.headers or {})
+            wait = max(1, int(limit_headers.get("RateLimit-Reset", "60")))
+            return self.respond(request, Rc.RateLimited,
+                                f"Too many requests from this key and address; retry after {wait} seconds.",
+                                headers=limit_headers, retry_after=wait)  # fmt: skip
+        rc = HTTP_CODES.get(exc.status_code, Rc.HTTPError)
+        return self.respond(request, rc, str(exc.detail), status=exc.status_code)
+
+    def internal_error(self, request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
+        return self.respond(
+            request, Rc.InternalServerError, "The server hit an internal error; nothing was changed."
         )
-        return _respond(request, 400, "KudosLimit", message)
-    if not database_unavailable(exc):
-        return internal_error_handler(request, exc)
-    log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
-    message = "The database is unavailable; retry in a few seconds."
-    return _respond(request, 503, "DatabaseUnavailable", message, retry_after=DATABASE_RETRY_AFTER)
+
+    def database_error(self, request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
+        """A lost or unreachable database is a 503 the client may retry; an amount of kudos the
+        database's bounds refuse (`db/bounds.py`) is the caller's 400; any other database error is a bug."""
+        if isinstance(exc, IntegrityError) and BOUNDED_MARK in str(exc):
+            log.warning("kudos bound refused on %s %s: %s", request.method, request.url.path, exc.orig)
+            limit = f"+-{KUDOS_LIMIT:g}"
+            message = f"That would take an amount or balance of kudos beyond {limit}; nothing was changed."
+            return self.respond(request, Rc.KudosLimit, message)
+        if not database_unavailable(exc):
+            return self.internal_error(request, exc)
+        log.warning("database unavailable on %s %s: %s", request.method, request.url.path, exc)
+        message = "The database is unavailable; retry in a few seconds."
+        return self.respond(request, Rc.DatabaseUnavailable, message, retry_after=DATABASE_RETRY_AFTER)
+
+    def handlers(self) -> ExceptionHandlersMap:
+        return {
+            HordeError: self.horde_error,
+            HTTPException: self.http_error,
+            SQLAlchemyError: self.database_error,
+            # A connection that cannot be opened surfaces unwrapped from the driver (refused, timed out, ...).
+            **dict.fromkeys(DRIVER_ERRORS, self.database_error),
+            Exception: self.internal_error,
+        }
 
 
-EXCEPTION_HANDLERS: dict[Any, Any] = {
-    HordeError: horde_error_handler,
-    HTTPException: http_error_handler,
-    SQLAlchemyError: database_error_handler,
-    # A connection that cannot be opened surfaces unwrapped from the driver (refused, timed out, ...).
-    **dict.fromkeys(DRIVER_ERRORS, database_error_handler),
-    Exception: internal_error_handler,
+# Litestar's other HTTP errors by status; any other keeps its status with `HTTPError`.
+HTTP_CODES: dict[int, Rc] = {
+    405: Rc.MethodNotAllowed,
+    401: Rc.InvalidAPIKey,
+    403: Rc.Forbidden,
+    413: Rc.PayloadTooLarge,
 }
+
+HORDE_HANDLERS = ErrorFace(horde_shape).handlers()
+OPENAI_HANDLERS = ErrorFace(openai_shape).handlers()
+UNROUTED_HANDLERS = ErrorFace(unrouted_shape).handlers()

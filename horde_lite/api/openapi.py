@@ -6,7 +6,7 @@ and are served by the app itself, so the docs work on a host with no internet ac
 
 Every operation documents each error status it may answer with its face's error body
 (`HordeErrorBody` on the horde API, `OpenAIErrorBody` on /v1), with the `rc` codes of that status
-from `RC_STATUS`, unless its handler documents that status itself.
+from `Rc`, unless its handler documents that status itself.
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
 
 from horde_lite import __version__
-from horde_lite.api.errors import OPENAI_CODES, RC_STATUS, HordeErrorBody, OpenAIErrorBody
+from horde_lite.api.errors import OPENAI_CODES, HordeErrorBody, OpenAIErrorBody
 from horde_lite.api.static_files import static_files_router
+from horde_lite.rc import Rc
 
 ASSETS_PATH = "/api/docs-assets"
 ASSETS_DIR = Path(litestar_offline_docs.__file__).parent / "static"
@@ -90,11 +91,16 @@ def docs_routes() -> list[Any]:
     return [swagger_json, docs_page, assets]
 
 
-def _statuses() -> dict[int, list[str]]:
-    by_status: dict[int, list[str]] = defaultdict(list)
-    for rc, status in RC_STATUS.items():
-        if status >= 400 and status != 405:  # 405 is the router's answer, not an operation's
-            by_status[status].append(rc)
+# Codes no operation answers with a status of its own: 405 is the router's; HTTPError takes the
+# status of the Litestar error it reports; Locked is raised only by `horde-lite users delete`.
+UNDOCUMENTED = frozenset({Rc.MethodNotAllowed, Rc.HTTPError, Rc.Locked})
+
+
+def _statuses() -> dict[int, list[Rc]]:
+    by_status: dict[int, list[Rc]] = defaultdict(list)
+    for rc in Rc:
+        if rc.status >= 400 and rc not in UNDOCUMENTED:
+            by_status[rc.status].append(rc)
     return dict(sorted(by_status.items()))
 
 

@@ -1,7 +1,8 @@
 """GET /operator/policies: the policy in force per kind (the database's) and what this process
 applies, for operators and their dashboards (docs/reference/operators.md).
 
-A moderator's own key in the `apikey` header, or nobody's with `[http] open_operator_pages`."""
+A moderator's own key in the `apikey` header, or nobody's with `[http] open_operator_pages`
+(`moderator_guard`)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ from typing import Any
 import msgspec
 from litestar import get
 
-from horde_lite.api.deps import CallerDep, HordeDep
+from horde_lite.api.deps import HordeDep
+from horde_lite.api.guards import moderator_guard
 from horde_lite.lifecycle import policy_state
 
 
@@ -32,9 +34,13 @@ class OperatorPolicies(msgspec.Struct, kw_only=True):
     policies: dict[str, OperatorPolicy]  # by kind: speed_gate, allowance_curve, shadow_metrics
 
 
-@get("/operator/policies", tags=["operator"], summary="The policies in force and this process's")
-async def operator_policies(horde: HordeDep, caller: CallerDep) -> OperatorPolicies:
-    await policy_state.authorize_operator(horde, caller)
+@get(
+    "/operator/policies",
+    tags=["operator"],
+    summary="The policies in force and this process's",
+    guards=[moderator_guard],
+)
+async def operator_policies(horde: HordeDep) -> OperatorPolicies:
     view = await policy_state.policies_view(horde)
     return OperatorPolicies(
         pid=view.pid,

@@ -1,4 +1,4 @@
-"""Each dashboard panel's template context: the lifecycle's typed data plus its charts as SVG.
+"""Each dashboard panel's template context: the queries' typed data (queries.py) plus its charts as SVG.
 
 A panel is a name, a title, a template under templates/panels/ and an async builder; the page
 renders them all, `/dashboard/panels/<name>` one (what the page's script re-fetches).
@@ -13,8 +13,8 @@ from typing import Any
 
 from jinja2 import Environment
 
+from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
-from horde_lite.lifecycle import dashboard as data
 from horde_lite.lifecycle.context import Horde
 
 HERE = Path(__file__).parent

@@ -31,6 +31,7 @@ from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
 from horde_lite.lifecycle.users import Requester, authenticate, check_shared_key
 from horde_lite.metrics import allowance_attributes, wait_attributes
 from horde_lite.policies.protocols import AllowanceInputs
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.admission")
 
@@ -89,7 +90,7 @@ def _int_param(params: dict[str, Any], name: str, default: int) -> int:
         return default
     if isinstance(value, bool) or not isinstance(value, int):
         raise HordeError(
-            "BadRequest", f"params.{name} must be an integer.", errors={f"params.{name}": "integer"}
+            Rc.BadRequest, f"params.{name} must be an integer.", errors={f"params.{name}": "integer"}
         )
     return value
 
@@ -104,16 +105,16 @@ def legacy_spec(
     max_length = _int_param(params, "max_length", 80)
     max_context_length = _int_param(params, "max_context_length", 2048)
     if not body.prompt.strip():
-        raise HordeError("MissingPrompt", "A text request needs a prompt.")
+        raise HordeError(Rc.MissingPrompt, "A text request needs a prompt.")
     if not 1 <= n <= horde.settings.request.max_n:
-        raise HordeError("BadRequest", f"params.n must be between 1 and {horde.settings.request.max_n}.")
+        raise HordeError(Rc.BadRequest, f"params.n must be between 1 and {horde.settings.request.max_n}.")
     if not 16 <= max_length <= limit:
-        raise HordeError("BadRequest", f"params.max_length must be between 16 and {limit}.")
+        raise HordeError(Rc.BadRequest, f"params.max_length must be between 16 and {limit}.")
     if max_context_length < 80:
-        raise HordeError("BadRequest", "params.max_context_length must be at least 80.")
+        raise HordeError(Rc.BadRequest, "params.max_context_length must be at least 80.")
     if max_context_length < max_length:
         raise HordeError(
-            "TokenOverflow",
+            Rc.TokenOverflow,
             f"max_context_length ({max_context_length}) must be at least max_length ({max_length}).",
         )
     params.update(n=n, max_length=max_length, max_context_length=max_context_length)
@@ -201,12 +202,12 @@ async def chat_spec(
     limit = settings.request.max_length_limit
     requested = payload.max_tokens or settings.chat.default_max_tokens
     if requested > limit:
-        raise HordeError("BadRequest", f"max_tokens must be at most {limit}.", param="max_tokens")
+        raise HordeError(Rc.BadRequest, f"max_tokens must be at most {limit}.", param="max_tokens")
     chat_rules.validate(payload)
     bad = chat_rules.bad_image_urls(payload)
     if bad:
         raise HordeError(
-            "BadRequest",
+            Rc.BadRequest,
             f"image_url must be an http(s) URL or a data: URL; got {bad[0]!r}.",
             param="messages",
         )
@@ -235,7 +236,7 @@ async def chat_spec(
     if not native_route and largest_context is not None and need > largest_context:
         what = ", ".join(models) if models else "any model"
         raise HordeError(
-            "ContextLengthExceeded",
+            Rc.ContextLengthExceeded,
             f"This request needs {need} context tokens ({tokens} for the messages, estimated as "
             f"characters / 3, plus max_tokens {applied}); the online chat workers for {what} accept at "
             f"most {largest_context}. Shorten the messages or lower max_tokens.",
@@ -297,7 +298,7 @@ async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) ->
         await session.execute(_LOCK_WAITING, {"user_id": spec.requester.user.id})
     waiting = (await session.execute(_WAITING_OF_USER, {"user_id": spec.requester.user.id})).scalar_one()
     if waiting >= limit:
-        raise HordeError("TooManyPrompts", f"You already have {waiting} requests waiting (limit {limit}).")
+        raise HordeError(Rc.TooManyPrompts, f"You already have {waiting} requests waiting (limit {limit}).")
 
 
 async def declaration_gap(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now: float) -> str | None:
@@ -567,7 +568,7 @@ async def _refuse(
     if spec.max_length * spec.n > floor and est.eligible_workers == 0:
         gap = await declaration_gap(session, horde, spec, now)
         detail = f": {gap}" if gap else ""
-        raise HordeError("NoEligibleWorker", f"No online worker can serve this request{detail}.", gap=gap)
+        raise HordeError(Rc.NoEligibleWorker, f"No online worker can serve this request{detail}.", gap=gap)
     if not spec.slow_workers and spec.max_length * spec.n <= allowance:
         reason = "requests that disallow slow workers always need kudos upfront"
         advice = "or allow slow workers"
@@ -577,7 +578,7 @@ async def _refuse(
         )
         advice = f"or ask for at most {allowance} tokens"
     raise HordeError(
-        "KudosUpfront",
+        Rc.KudosUpfront,
         f"This request needs {cost:.2f} kudos upfront: {reason}. Register and earn kudos by running a "
         f"worker, {advice}.",
         allowance=allowance,

@@ -10,10 +10,11 @@ import msgspec
 
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import PART_TYPES, RESPONSE_FORMATS, ROLES, TOOL_CHOICES, ChatPayload
+from horde_lite.rc import Rc
 
 
 def _bad(message: str, param: str) -> HordeError:
-    return HordeError("BadRequest", message, param=param)
+    return HordeError(Rc.BadRequest, message, param=param)
 
 
 def validate(payload: ChatPayload) -> None:

@@ -21,6 +21,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ChatPayload
 from horde_lite.lifecycle.users import Requester
 from horde_lite.lifecycle.waiting import FrontRequest
+from horde_lite.rc import Rc
 
 
 @dataclass(frozen=True)
@@ -65,7 +66,7 @@ def _spec_builder(
     async def build(session: AsyncSession, requester: Requester) -> admission.AdmissionSpec:
         if not await known_chat_model(session, model):
             raise HordeError(
-                "ModelNotFound",
+                Rc.ModelNotFound,
                 f"The model {model!r} does not exist on this horde: no chat worker serves it. "
                 "GET /v1/models lists the models online chat workers serve.",
                 param="model",

@@ -19,6 +19,7 @@ from horde_lite.lifecycle.output_bounds import check_submit
 from horde_lite.lifecycle.settlement import give_back, maybe_finish, shadow_outcome
 from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key
 from horde_lite.lifecycle.workers import record_speed_sample
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.completion")
 
@@ -109,7 +110,7 @@ async def load_generation_for_worker(
     """The job `generation_id` of one of the poster's workers (`apikey`: its owner's key), with its
     worker, request and owner. A job whose lease ran out by `now` is aborted and given back here, and
     `JobLapsed` raised; the caller commits that (the lapse is kept) and refuses the post."""
-    missing = HordeError("InvalidJobID", f"No processing generation with id {generation_id}.")
+    missing = HordeError(Rc.InvalidJobID, f"No processing generation with id {generation_id}.")
     # Lock order everywhere (submit, progress, lapse, cancel): the request, then its generation
     # and the worker (docs/explanation/locking.md). Concurrent submits, faults and lapses of one
     # request then serialize, never lose an update of its counts (PostgreSQL; SQLite has one
@@ -123,7 +124,7 @@ async def load_generation_for_worker(
         raise missing
     generation, worker = job
     if worker.owner_id != user.id:
-        raise HordeError("WrongCredentials", "This generation belongs to another user's worker.")
+        raise HordeError(Rc.WrongCredentials, "This generation belongs to another user's worker.")
     if lease_ran_out(generation, now):
         await lapse(session, horde, generation, worker, request)
         raise JobLapsed()
@@ -133,9 +134,9 @@ async def load_generation_for_worker(
 def require_live(generation: Generation) -> None:
     """Only a generation still holding its lease takes a submit or a progress post."""
     if generation.state == "aborted":
-        raise HordeError("AbortedGen", LAPSED)
+        raise HordeError(Rc.AbortedGen, LAPSED)
     if generation.state != "processing":
-        raise HordeError("DuplicateGen", "This generation was already submitted.")
+        raise HordeError(Rc.DuplicateGen, "This generation was already submitted.")
 
 
 async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: SubmitInput) -> float:

@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 from horde_lite.settings import Settings
 
 OUTPUT_SLACK_CHARS = 1024
@@ -58,7 +59,7 @@ def check_progress(
     most = max_length + PROGRESS_SLACK_POSTS
     if seq > most:
         raise HordeError(
-            "TooManyProgressPosts",
+            Rc.TooManyProgressPosts,
             f"This job of {max_length} tokens takes at most {most} progress posts; submit its result "
             "instead (the job is still yours until its lease ends).",
         )
@@ -69,7 +70,7 @@ def check_progress(
     if seq > allowed:
         wait = max(1, math.ceil((seq - chat.progress_burst) / chat.progress_per_second - elapsed))
         raise HordeError(
-            "ProgressTooFast",
+            Rc.ProgressTooFast,
             f"Progress seq {seq} comes too fast: a job takes at most {chat.progress_burst} posts plus "
             f"{chat.progress_per_second:g} a second since its pop. Batch the output and post this seq "
             f"again in {wait} s; nothing was stored.",
@@ -81,7 +82,7 @@ def check_progress(
     size = len(stored_content) + len(content or "") + json_size(calls)
     if size > bound:
         raise HordeError(
-            "ProgressTooLong",
+            Rc.ProgressTooLong,
             f"This post would take the job's streamed output to {size} characters; a job of "
             f"{max_length} tokens holds at most {bound}. Nothing was stored; submit its result "
             "instead (the job is still yours until its lease ends).",
@@ -116,7 +117,7 @@ def check_submit(
     size = submitted_size(generation, message)
     if size > bound:
         raise HordeError(
-            "GenerationTooLong",
+            Rc.GenerationTooLong,
             f"The submitted output is {size} characters; a job of {max_length} tokens holds at most "
             f"{bound}. Nothing was stored: submit it cut to that length, or fault the job.",
             bound=bound,

@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import SharedKey, User, Worker
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 from horde_lite.settings import Settings
 
 # A worker put in maintenance by the failure rule says so, and when its owner may lift it.
@@ -97,7 +98,7 @@ def refuse_early_lift(owner: User, now: float) -> None:
     """The owner lifting maintenance while the cool-down runs (a moderator may: `end_cooldown`)."""
     if cooling(owner, now):
         raise HordeError(
-            "WorkerMaintenance",
+            Rc.WorkerMaintenance,
             "This user's workers are in maintenance after failing too many jobs; the owner may lift "
             f"it after {_utc(owner.failure_cooldown_until)} UTC.",
         )
@@ -129,7 +130,7 @@ async def room_for_a_worker(session: AsyncSession, settings: Settings, owner: Us
     count = (await session.execute(_LIVE_WORKERS, {"owner_id": owner.id})).scalar_one()
     if count >= limit:
         raise HordeError(
-            "TooManyWorkers",
+            Rc.TooManyWorkers,
             f"This user already has {count} workers (limit {limit}); delete one "
             "(DELETE /api/v2/workers/{id}) before a new name can pop.",
         )
@@ -145,6 +146,6 @@ async def room_for_a_shared_key(session: AsyncSession, settings: Settings, owner
     count = (await session.execute(_SHARED_KEYS, {"owner_id": owner.id})).scalar_one()
     if count >= limit:
         raise HordeError(
-            "TooManySharedKeys",
+            Rc.TooManySharedKeys,
             f"This user already has {count} shared keys (limit {limit}); delete one first.",
         )

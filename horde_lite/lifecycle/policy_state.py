@@ -36,9 +36,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from horde_lite.clock import Clock
 from horde_lite.db.engine import make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
-from horde_lite.lifecycle.context import Caller, Horde
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.users import authenticate
+from horde_lite.lifecycle.context import Horde
 from horde_lite.policies.protocols import KINDS
 from horde_lite.policies.registry import build, load_policies
 from horde_lite.settings import Settings, SettingsError, load_settings
@@ -216,18 +214,6 @@ async def policies_view(horde: Horde) -> PoliciesView:
             )
         )
     return PoliciesView(pid=os.getpid(), reload_seconds=horde.settings.policies.reload_seconds, kinds=kinds)
-
-
-async def authorize_operator(horde: Horde, caller: Caller) -> None:
-    """Operator pages: open with `[http] open_operator_pages`, else a moderator's own key."""
-    if horde.settings.http.open_operator_pages:
-        return
-    if not caller.apikey:
-        raise HordeError("NotModerator", "Operator pages need a moderator's API key (apikey header).")
-    async with horde.transaction() as session:
-        viewer = await authenticate(session, caller.apikey, horde.clock.now())
-    if not viewer.user.moderator or viewer.shared_key is not None:
-        raise HordeError("NotModerator", "Only a moderator may read the operator pages.")
 
 
 async def apply_changes(horde: Horde, failed: dict[str, int] | None = None) -> list[str]:

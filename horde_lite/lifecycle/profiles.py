@@ -28,6 +28,7 @@ from horde_lite.lifecycle.users import (
     set_flags,
     user_id_part,
 )
+from horde_lite.rc import Rc
 
 PAGE_SIZE = 25  # upstream's page of GET /users
 MAX_PAGE = 10_000  # upstream answers an empty list beyond it
@@ -128,12 +129,12 @@ async def _by_public_id(session: AsyncSession, user_id: str, now: float) -> User
     """A user by the id clients know (the number in "name#id"); 0 is the anonymous user."""
     number = user_id_part(user_id)
     if number is None:
-        raise HordeError("UserNotFound", "Use the numeric part of the user's id, e.g. the 1 in 'db0#1'.")
+        raise HordeError(Rc.UserNotFound, "Use the numeric part of the user's id, e.g. the 1 in 'db0#1'.")
     if number == ANONYMOUS_PUBLIC_ID:
         return await ensure_anonymous(session, now)
     user = await session.get(User, number)
     if user is None or user.anonymous:
-        raise HordeError("UserNotFound", f"No user with id {number}.")
+        raise HordeError(Rc.UserNotFound, f"No user with id {number}.")
     return user
 
 
@@ -182,15 +183,15 @@ async def modify_user(horde: Horde, caller: Caller, user_id: str, body: UserUpda
     """PUT /users/{id}, moderators only: kudos (added through the ledger), trusted, moderator. The
     anonymous user's balance may be adjusted, its flags not."""
     if body.kudos is None and body.trusted is None and body.moderator is None:
-        raise HordeError("NoValidActions", "No user modification selected.")
+        raise HordeError(Rc.NoValidActions, "No user modification selected.")
     now = horde.clock.now()
     async with horde.transaction() as session:
         actor = await authenticate_user(session, caller.apikey, now)
         if not actor.moderator:
-            raise HordeError("NotModerator", "Only a moderator can change a user.")
+            raise HordeError(Rc.NotModerator, "Only a moderator can change a user.")
         user = await _by_public_id(session, user_id, now)
         if user.anonymous and (body.trusted is not None or body.moderator is not None):
-            raise HordeError("BadRequest", "The anonymous user cannot be made trusted or a moderator.")
+            raise HordeError(Rc.BadRequest, "The anonymous user cannot be made trusted or a moderator.")
         # The lock order (docs/explanation/locking.md): the user's workers (their copy of the
         # trusted flag), then the user's row, then its ledger event.
         if body.trusted is not None:

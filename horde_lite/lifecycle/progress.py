@@ -24,6 +24,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ProgressInput
 from horde_lite.lifecycle.lease import as_lease_holder
 from horde_lite.lifecycle.output_bounds import check_progress
+from horde_lite.rc import Rc
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +47,7 @@ async def record(
     require_live(generation)
     if not request.is_chat or not request.stream:
         raise HordeError(
-            "NotStreamingJob",
+            Rc.NotStreamingJob,
             "Progress posts are only for streaming chat jobs (a pop answer with kind 'chat' and "
             "stream true); submit this job's result instead.",
         )
@@ -57,7 +58,7 @@ async def record(
         return ProgressAnswer(request.id, generation.lease_expires_at, cancel, False, generation.fake)
     if body.seq != last + 1:
         raise HordeError(
-            "ProgressOutOfOrder",
+            Rc.ProgressOutOfOrder,
             f"Progress seq {body.seq} leaves a gap: the next one expected is {last + 1} "
             f"(repeats of 1..{last} are acknowledged and ignored).",
             expected_seq=last + 1,

@@ -17,6 +17,7 @@ from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import SharedKeyInput, SharedKeyPatch
 from horde_lite.lifecycle.users import authenticate_user, display_name, hash_key, new_shared_key
+from horde_lite.rc import Rc
 
 DAY = 86400.0
 _HASH = re.compile(r"[0-9a-f]{64}")
@@ -46,7 +47,7 @@ async def create(horde: Horde, caller: Caller, body: SharedKeyInput) -> SharedKe
     async with horde.transaction() as session:
         owner = await authenticate_user(session, caller.apikey, now)
         if owner.anonymous:
-            raise HordeError("AnonForbidden", "The anonymous user cannot make shared keys.")
+            raise HordeError(Rc.AnonForbidden, "The anonymous user cannot make shared keys.")
         await owner_limits.room_for_a_shared_key(session, horde.settings, owner)
         key = new_shared_key()
         shared = SharedKey(key_hash=hash_key(key), user_id=owner.id, created_at=now, utilized=0.0)
@@ -61,7 +62,7 @@ async def _load(session: AsyncSession, key: str) -> SharedKeyRecord:
     digest = key if _HASH.fullmatch(key) else hash_key(key)
     shared = await session.get(SharedKey, digest)
     if shared is None:
-        raise HordeError("SharedKeyNotFound", "No shared key with that id.")
+        raise HordeError(Rc.SharedKeyNotFound, "No shared key with that id.")
     owner = await session.get(User, shared.user_id)
     assert owner is not None
     return SharedKeyRecord(shared, key, display_name(owner))
@@ -71,7 +72,7 @@ async def _owned(session: AsyncSession, caller: Caller, key: str, now: float) ->
     owner = await authenticate_user(session, caller.apikey, now)
     found = await _load(session, key)
     if found.key.user_id != owner.id:
-        raise HordeError("WrongCredentials", "This shared key belongs to another user.")
+        raise HordeError(Rc.WrongCredentials, "This shared key belongs to another user.")
     return found
 
 

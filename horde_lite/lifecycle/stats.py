@@ -19,6 +19,7 @@ from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import worker_online
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.users import authenticate
+from horde_lite.rc import Rc
 
 # Upstream's periods, in seconds (a month is 30 days).
 PERIODS = {"minute": 60.0, "hour": 3600.0, "day": 86400.0, "month": 30 * 86400.0}
@@ -109,7 +110,7 @@ async def modes(horde: Horde, caller: Caller) -> Modes:
         async with horde.transaction() as session:
             viewer = await authenticate(session, caller.apikey, horde.clock.now())
         if not viewer.user.moderator or viewer.shared_key is not None:
-            raise HordeError("NotModerator", "Only a moderator may ask for the horde's modes with a key.")
+            raise HordeError(Rc.NotModerator, "Only a moderator may ask for the horde's modes with a key.")
         raid = False
     return Modes(maintenance_mode=False, invite_only_mode=False, raid_mode=raid)
 

@@ -15,6 +15,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import HEAD_WIDTH, estimate, head_columns, queued
 from horde_lite.lifecycle.lease import LapseSeen, lapse_expired, lease_ran_out, read_honouring_lapses
 from horde_lite.lifecycle.settlement import maybe_finish
+from horde_lite.rc import Rc
 
 FINISHED = ("ok", "censored")
 
@@ -25,7 +26,7 @@ async def get_request(session: AsyncSession, request_id: str, *, lock: bool = Fa
         query = query.with_for_update()
     request = (await session.execute(query)).scalar_one_or_none()
     if request is None:
-        raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
+        raise HordeError(Rc.RequestNotFound, f"No request with id {request_id} (it may have expired).")
     return request
 
 
@@ -110,7 +111,7 @@ async def status(
         rows = (await session.execute(_READ, values, execution_options=fresh)).all()
     if not rows:
         await asyncio.shield(caught_up)  # no read left running behind the answer
-        raise HordeError("RequestNotFound", f"No request with id {request_id} (it may have expired).")
+        raise HordeError(Rc.RequestNotFound, f"No request with id {request_id} (it may have expired).")
     state, n_remaining, restarts, kudos_spent = rows[0][:4]
     jobs = [(g, name) for *_, g, name in rows if g is not None]
     finished = [(g, name) for g, name in jobs if g.state in FINISHED]

@@ -31,6 +31,7 @@ from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import TextRequestInput
 from horde_lite.lifecycle.users import Requester
 from horde_lite.lifecycle.waiting import FrontRequest
+from horde_lite.rc import Rc
 
 MIN_MAX_LENGTH = 16  # the horde's smallest max_length
 MIN_CONTEXT = 80  # the horde's smallest max_context_length
@@ -73,7 +74,7 @@ def _spec_builder(
     async def build(session: AsyncSession, requester: Requester) -> admission.AdmissionSpec:
         if (await session.execute(select(Worker.id).where(_workers_of(model)).limit(1))).first() is None:
             raise HordeError(
-                "ModelNotFound",
+                Rc.ModelNotFound,
                 f"The model {model!r} does not exist on this horde: no worker serves it.",
                 param="model",
             )
@@ -81,7 +82,7 @@ def _spec_builder(
         requested = body.params.get("max_length") or settings.chat.default_max_tokens
         limit = settings.request.max_length_limit
         if requested > limit:
-            raise HordeError("BadRequest", f"max_tokens must be at most {limit}.", param="max_tokens")
+            raise HordeError(Rc.BadRequest, f"max_tokens must be at most {limit}.", param="max_tokens")
         changes: list[dict[str, Any]] = []
         applied = max(requested, MIN_MAX_LENGTH)
         if applied != requested:
@@ -100,7 +101,7 @@ def _spec_builder(
         need = tokens + applied
         if most_context is not None and need > most_context:
             raise HordeError(
-                "ContextLengthExceeded",
+                Rc.ContextLengthExceeded,
                 f"This request needs {need} context tokens ({tokens} for the prompt, estimated as "
                 f"characters / 3, plus max_tokens {applied}); the online workers for {model} accept at "
                 f"most {most_context}. Shorten the prompt or lower max_tokens.",

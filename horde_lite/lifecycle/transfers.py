@@ -24,6 +24,7 @@ from horde_lite.lifecycle.users import (
     hash_key,
     split_name,
 )
+from horde_lite.rc import Rc
 
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 
@@ -35,35 +36,35 @@ async def _target(session: AsyncSession, username: str, now: float) -> tuple[Use
         shared = await session.get(SharedKey, hash_key(username.lower()))
         if shared is not None:
             if shared.expiry is not None and shared.expiry <= now:
-                raise HordeError("SharedKeyExpired", "This shared key has expired.")
+                raise HordeError(Rc.SharedKeyExpired, "This shared key has expired.")
             owner = await session.get(User, shared.user_id)
             assert owner is not None
             return owner, shared
     if (parsed := split_name(username)) is not None and parsed[1] == ANONYMOUS_PUBLIC_ID:
-        raise HordeError("KudosTransferToAnon", "Kudos sent to the anonymous user would be lost.")
+        raise HordeError(Rc.KudosTransferToAnon, "Kudos sent to the anonymous user would be lost.")
     try:
         return await find_by_name(session, username), None
     except HordeError:
-        raise HordeError("InvalidTargetUsername", f"No user or shared key {username[:100]!r}.") from None
+        raise HordeError(Rc.InvalidTargetUsername, f"No user or shared key {username[:100]!r}.") from None
 
 
 async def transfer(horde: Horde, caller: Caller, body: KudosTransferInput) -> float:
     """Move `amount` kudos; returns the amount transferred."""
     if body.amount < 0:
-        raise HordeError("NegativeKudosTransfer", "A transfer amount cannot be negative.")
+        raise HordeError(Rc.NegativeKudosTransfer, "A transfer amount cannot be negative.")
     amount = round(body.amount, 2)
     if amount <= 0:
-        raise HordeError("InvalidKudosTransferAmount", "A transfer amount must be positive.")
+        raise HordeError(Rc.InvalidKudosTransferAmount, "A transfer amount must be positive.")
     now = horde.clock.now()
     async with horde.transaction() as session:
         source = await authenticate_user(session, caller.apikey, now)
         if source.anonymous:
-            raise HordeError("KudosTransferFromAnon", "The anonymous user cannot transfer kudos.")
+            raise HordeError(Rc.KudosTransferFromAnon, "The anonymous user cannot transfer kudos.")
         dest, shared = await _target(session, body.username, now)
         if dest.anonymous:
-            raise HordeError("KudosTransferToAnon", "Kudos sent to the anonymous user would be lost.")
+            raise HordeError(Rc.KudosTransferToAnon, "Kudos sent to the anonymous user would be lost.")
         if dest.id == source.id:
-            raise HordeError("KudosTransferToSelf", "You cannot transfer kudos to yourself.")
+            raise HordeError(Rc.KudosTransferToSelf, "You cannot transfer kudos to yourself.")
         # Lock both balances in ascending user-id order (the lock order of every balance change),
         # then decide on the fresh values.
         locked = (
@@ -77,7 +78,7 @@ async def transfer(horde: Horde, caller: Caller, body: KudosTransferInput) -> fl
         available = await kudos.spendable(session, source, horde.settings.kudos)
         if amount > available:
             raise HordeError(
-                "KudosTransferNotEnough",
+                Rc.KudosTransferNotEnough,
                 f"You can transfer at most {max(available, 0.0):.2f} kudos (your balance above your floor, "
                 "less what your waiting requests hold).",
             )

@@ -14,6 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Generation, SharedKey, TextRequest, User, Worker
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 
 ANONYMOUS_KEY = "0000000000"
 ANONYMOUS_NAME = "Anonymous"
@@ -100,12 +101,12 @@ async def create_user(
     """Create a user and return it with its new key (shown once; only the hash is kept)."""
     username = username.strip()
     if not username or len(username) > 100:
-        raise HordeError("BadRequest", "A username must be 1 to 100 characters.")
+        raise HordeError(Rc.BadRequest, "A username must be 1 to 100 characters.")
     if username.lower() == ANONYMOUS_NAME.lower() or "#" in username:
-        raise HordeError("BadRequest", f"{username!r} is reserved or contains '#'; pick another name.")
+        raise HordeError(Rc.BadRequest, f"{username!r} is reserved or contains '#'; pick another name.")
     exists = await session.execute(select(User.id).where(User.username == username))
     if exists.first() is not None:
-        raise HordeError("BadRequest", f"A user named {username!r} already exists.")
+        raise HordeError(Rc.BadRequest, f"A user named {username!r} already exists.")
     key = new_api_key()
     user = User(
         username=username, api_key_hash=hash_key(key), trusted=trusted, moderator=moderator, created_at=now
@@ -146,7 +147,7 @@ def split_name(username: str) -> tuple[str, int | None] | None:
 async def find_by_name(session: AsyncSession, username: str) -> User:
     parsed = split_name(username)
     if parsed is None:
-        raise HordeError("UserNotFound", f"No user named {username!r}.")
+        raise HordeError(Rc.UserNotFound, f"No user named {username!r}.")
     name, user_id = parsed
     # "name#id" must name the user with that id; a bare name is looked up by name.
     query = select(User).where(User.username == name)
@@ -156,7 +157,7 @@ async def find_by_name(session: AsyncSession, username: str) -> User:
         query = query.where(User.id == user_id, User.anonymous.is_(False))
     user = (await session.execute(query)).scalar_one_or_none()
     if user is None:
-        raise HordeError("UserNotFound", f"No user named {username!r}.")
+        raise HordeError(Rc.UserNotFound, f"No user named {username!r}.")
     return user
 
 
@@ -179,14 +180,14 @@ async def authenticate(
         owner = await session.get(User, shared.user_id, with_for_update=lock, populate_existing=lock)
         assert owner is not None
         return Requester(owner, shared, locked=lock)
-    raise HordeError("InvalidAPIKey", "No user matched the provided API key.")
+    raise HordeError(Rc.InvalidAPIKey, "No user matched the provided API key.")
 
 
 async def authenticate_user(session: AsyncSession, apikey: str | None, now: float) -> User:
     """A registered user's own key: what workers, shared-key management and moderation need."""
     requester = await authenticate(session, apikey, now)
     if requester.shared_key is not None:
-        raise HordeError("WrongCredentials", "A shared key cannot be used for this; use the owner's key.")
+        raise HordeError(Rc.WrongCredentials, "A shared key cannot be used for this; use the owner's key.")
     return requester.user
 
 
@@ -197,19 +198,19 @@ def check_shared_key(
     has left after what the key's unfinished requests reserve (admission reads it under the key's
     row lock); without it, the budget less what was already charged."""
     if shared.expiry is not None and shared.expiry <= now:
-        raise HordeError("SharedKeyExpired", "This shared key has expired.")
+        raise HordeError(Rc.SharedKeyExpired, "This shared key has expired.")
     if shared.kudos >= 0 and shared.utilized >= shared.kudos:
-        raise HordeError("SharedKeyEmpty", "This shared key has no kudos left.")
+        raise HordeError(Rc.SharedKeyEmpty, "This shared key has no kudos left.")
     if shared.max_text_tokens >= 0 and max_length > shared.max_text_tokens:
         raise HordeError(
-            "SharedKeyInsufficientKudos",
+            Rc.SharedKeyInsufficientKudos,
             f"This shared key allows at most {shared.max_text_tokens} tokens per request; "
             f"this request asks {max_length}.",
         )
     remaining = shared.kudos - shared.utilized if left is None else left
     if shared.kudos >= 0 and cost > remaining:
         raise HordeError(
-            "SharedKeyInsufficientKudos",
+            Rc.SharedKeyInsufficientKudos,
             f"This shared key has {max(remaining, 0.0):.2f} kudos left (its budget less what it spent "
             f"and what its unfinished requests reserve); this request needs {cost:.2f}.",
         )
@@ -288,7 +289,7 @@ async def rotate_key(session: AsyncSession, user: User) -> str:
     commit on: its requests answer InvalidAPIKey, and dashboard sessions signed with its hash end."""
     if user.anonymous:
         raise HordeError(
-            "BadRequest", f"The anonymous user's key is always {ANONYMOUS_KEY}; it never changes."
+            Rc.BadRequest, f"The anonymous user's key is always {ANONYMOUS_KEY}; it never changes."
         )
     key = new_api_key()
     await session.execute(update(User).where(User.id == user.id).values(api_key_hash=hash_key(key)))
@@ -333,7 +334,7 @@ async def delete_user(session: AsyncSession, user: User, now: float) -> DeletedU
     from horde_lite.lifecycle.workers import retired  # workers imports this module
 
     if user.anonymous:
-        raise HordeError("BadRequest", "The anonymous user cannot be deleted.")
+        raise HordeError(Rc.BadRequest, "The anonymous user cannot be deleted.")
     name = display_name(user)
     # The lock order (docs/explanation/locking.md): the user's workers, then its users row.
     mine = select(Worker.id).where(Worker.owner_id == user.id).order_by(Worker.id)
@@ -344,7 +345,7 @@ async def delete_user(session: AsyncSession, user: User, now: float) -> DeletedU
         busy = [_plural(running, "job") + " running on its workers"] if running else []
         busy += [_plural(waiting, "waiting request")] if waiting else []
         raise HordeError(
-            "Locked",
+            Rc.Locked,
             f"{name} still has {' and '.join(busy)}; nothing changed. Try again once they end (a job "
             "when submitted or its lease lapses, a request when done or expired); to stop new work "
             "meanwhile, give the user a new key first.",

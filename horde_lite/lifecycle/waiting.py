@@ -55,6 +55,7 @@ from horde_lite.lifecycle.worker_output import (
     text_of,
     tool_call_delta,
 )
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.waiting")
 
@@ -336,7 +337,7 @@ class Waiter:
             self._next_eligibility_check = time.monotonic() + ELIGIBILITY_CHECK_SECONDS
         if snap.state is None:
             raise HordeError(
-                "WorkerFailed", "The request expired or was removed before a worker answered it."
+                Rc.WorkerFailed, "The request expired or was removed before a worker answered it."
             )
         if snap.finished is not None:
             return snap
@@ -346,7 +347,7 @@ class Waiter:
             if self.streamed:
                 raise await self._fail(
                     HordeError(
-                        "WorkerFailed",
+                        Rc.WorkerFailed,
                         "The worker stopped after part of the answer was streamed (its lease lapsed or "
                         "it reported a fault); the request was cancelled.",
                     )
@@ -356,7 +357,7 @@ class Waiter:
             self.queued_since = now
         if snap.state == "faulted":
             raise HordeError(
-                "WorkerFailed",
+                Rc.WorkerFailed,
                 f"The workers that took this request failed it {snap.failures} times; it was given up.",
             )
         if snap.processing is not None:
@@ -364,12 +365,12 @@ class Waiter:
             self._deadline = snap.processing.lease_expires_at
             return snap
         if snap.state == "cancelled":
-            raise HordeError("RequestCancelled", "This request was cancelled.")
+            raise HordeError(Rc.RequestCancelled, "This request was cancelled.")
         if snap.eligible == 0:
             detail = f": {snap.gap}" if snap.gap else ""
             raise await self._fail(
                 HordeError(
-                    "NoEligibleWorker",
+                    Rc.NoEligibleWorker,
                     f"No online worker can take this request (waited {settings.grace_seconds:g} s){detail}. "
                     "The model may still be listed while its workers cannot serve this request.",
                     retry_after=max(1, int(settings.grace_seconds)),
@@ -380,7 +381,7 @@ class Waiter:
         if now >= timeout_at:
             raise await self._fail(
                 HordeError(
-                    "QueueTimeout",
+                    Rc.QueueTimeout,
                     f"No worker took this request within {settings.max_queue_wait_seconds:g} s; the "
                     f"workers for {self.request.model} are busy. Try again later.",
                     retry_after=30,

@@ -24,6 +24,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from horde_lite.db.models import Worker
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import TextRequestInput
+from horde_lite.rc import Rc
 
 _EXISTING = select(Worker.id).where(
     Worker.id.in_(bindparam("ids", expanding=True)), Worker.deleted_at.is_(None)
@@ -38,7 +39,7 @@ def check_lengths(body: TextRequestInput, most: int) -> None:
     for field, names in lists.items():
         if len(names) > most:
             message = f"{field} may name at most {most} workers; it names {len(names)}."
-            raise HordeError("BadRequest", message, param=field, errors={field: message})
+            raise HordeError(Rc.BadRequest, message, param=field, errors={field: message})
 
 
 def canonical(worker_id: str) -> str | None:
@@ -65,7 +66,7 @@ async def resolve(session: AsyncSession, allow: list[str], deny: list[str]) -> t
     found = await existing(session, [i for i in (*allow_ids.values(), *deny_ids.values()) if i is not None])
     for name, worker_id in allow_ids.items():
         if worker_id not in found:
-            raise HordeError("WorkerNotFound", f"Worker with ID {name[:100]!r} not found.", param="workers")
+            raise HordeError(Rc.WorkerNotFound, f"Worker with ID {name[:100]!r} not found.", param="workers")
     kept_allow = list(dict.fromkeys(i for i in allow_ids.values() if i is not None))
     kept_deny = list(dict.fromkeys(i for i in deny_ids.values() if i in found))
     return kept_allow, kept_deny

@@ -22,6 +22,7 @@ from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import NAME_CHARACTERS, PopInput, WorkerUpdate
 from horde_lite.lifecycle.users import authenticate_user, hash_key, is_anonymous_key, split_name
+from horde_lite.rc import Rc
 from horde_lite.settings import Settings
 
 # What a new worker name may hold, after Unicode NFKC normalization (which maps full-width and other
@@ -48,9 +49,9 @@ def clean_worker_name(name: str) -> str:
     """A new name (first pop, rename) as stored, or BadRequest if it breaks the name rule."""
     spaced = _spaced(name)
     if not 1 <= len(spaced) <= 100:
-        raise HordeError("BadRequest", "A worker name must be 1 to 100 characters after trimming.")
+        raise HordeError(Rc.BadRequest, "A worker name must be 1 to 100 characters after trimming.")
     if not _NAME_CHARS.fullmatch(spaced):
-        raise HordeError("BadRequest", f"A worker name may use only {NAME_RULE}; {name!r} does not.")
+        raise HordeError(Rc.BadRequest, f"A worker name may use only {NAME_RULE}; {name!r} does not.")
     return spaced
 
 
@@ -159,7 +160,7 @@ async def check_in(
     pop that would create one more; its existing workers keep working). `worker`: the named
     worker's row, when the caller has read it locked (`authenticate_worker`)."""
     if owner.anonymous:
-        raise HordeError("AnonForbiddenWorker", "Anonymous users cannot run workers; register a key.")
+        raise HordeError(Rc.AnonForbiddenWorker, "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
     # so their model lists never race. A worker is found by its name's key, so "Bob", "bob " and
     # full-width "Bob" are one worker; a name no worker holds yet must pass the name rule.
@@ -169,7 +170,7 @@ async def check_in(
     if worker is None:
         worker = await _create(session, owner, body.name, key, settings, now)
     if worker.owner_id != owner.id:
-        raise HordeError("WrongCredentials", f"The worker name {body.name!r} belongs to another user.")
+        raise HordeError(Rc.WrongCredentials, f"The worker name {body.name!r} belongs to another user.")
     models = declared_models(body)
     priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
     for column, value in _declared(worker, owner, body, priority_user_ids, settings).items():
@@ -314,7 +315,7 @@ async def _live_worker(session: AsyncSession, worker_id: str, *, lock: bool = Fa
     if len(worker_id) <= 36 and "\x00" not in worker_id:
         worker = await session.get(Worker, worker_id, with_for_update=lock or None)
     if worker is None or worker.deleted_at is not None:
-        raise HordeError("WorkerNotFound", f"No worker with id {worker_id[:64]!r}.")
+        raise HordeError(Rc.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
     return worker
 
 
@@ -347,19 +348,19 @@ async def worker_by_name(horde: Horde, name: str) -> WorkerRecord:
         query = select(Worker).where(Worker.name_key == worker_name_key(name))
         worker = (await session.execute(query)).scalar_one_or_none()
     if worker is None:
-        raise HordeError("WorkerNotFound", f"No worker named {name[:100]!r}.")
+        raise HordeError(Rc.WorkerNotFound, f"No worker named {name[:100]!r}.")
     return _record(worker, horde.settings, horde.clock.now())
 
 
 def _owner_or_moderator(actor: User, worker: Worker, what: str) -> None:
     if worker.owner_id != actor.id and not actor.moderator:
-        raise HordeError("WrongCredentials", f"Only the worker's owner or a moderator can {what}.")
+        raise HordeError(Rc.WrongCredentials, f"Only the worker's owner or a moderator can {what}.")
 
 
 async def _acting_user(session: AsyncSession, caller: Caller, now: float) -> User:
     actor = await authenticate_user(session, caller.apikey, now)
     if actor.anonymous:
-        raise HordeError("AnonForbiddenWorker", "The anonymous user cannot change workers; use your key.")
+        raise HordeError(Rc.AnonForbiddenWorker, "The anonymous user cannot change workers; use your key.")
     return actor
 
 
@@ -370,13 +371,13 @@ async def _rename(session: AsyncSession, worker: Worker, wanted: str) -> str:
     if key != worker.name_key:
         taken = await session.execute(select(Worker.id).where(Worker.name_key == key))
         if taken.first() is not None:
-            raise HordeError("WorkerNameAlreadyExists", f"The worker name {name!r} is already taken.")
+            raise HordeError(Rc.WorkerNameAlreadyExists, f"The worker name {name!r} is already taken.")
     try:
         async with session.begin_nested():
             worker.name, worker.name_key = name, key
             await session.flush()
     except IntegrityError:  # another rename or first pop took it meanwhile (PostgreSQL)
-        raise HordeError("WorkerNameAlreadyExists", f"The worker name {name!r} is already taken.") from None
+        raise HordeError(Rc.WorkerNameAlreadyExists, f"The worker name {name!r} is already taken.") from None
     return name
 
 
@@ -398,16 +399,16 @@ async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: Work
     wants_maintenance = body.maintenance is not None or body.maintenance_msg is not None
     if not (wants_maintenance or body.paused is not None or body.info is not None or body.name is not None
             or body.team is not None):  # fmt: skip
-        raise HordeError("NoWorkerModSelected", "No worker modification selected.")
+        raise HordeError(Rc.NoWorkerModSelected, "No worker modification selected.")
     async with horde.transaction() as session:
         actor = await _acting_user(session, caller, horde.clock.now())
         worker = await _live_worker(session, worker_id, lock=True)
         if wants_maintenance or body.info is not None or body.name is not None or body.team is not None:
             _owner_or_moderator(actor, worker, "change its maintenance, info, name or team")
         if body.paused is not None and not actor.moderator:
-            raise HordeError("NotModerator", "Only a moderator can pause a worker.")
+            raise HordeError(Rc.NotModerator, "Only a moderator can pause a worker.")
         if body.team:
-            raise HordeError("TeamNotFound", 'horde_lite has no teams; send team "" or leave it out.')
+            raise HordeError(Rc.TeamNotFound, 'horde_lite has no teams; send team "" or leave it out.')
         if body.maintenance is False and worker.maintenance:
             await _lifting(session, actor, worker, horde.clock.now())
         if body.maintenance is not None:

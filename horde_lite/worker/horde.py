@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from horde_lite import __version__
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.worker")
 
@@ -99,7 +100,7 @@ class HordeAPI:
         try:
             answer, attempts = await self._retried("/generate/text/submit", body, SUBMIT_DELAYS)
         except HordeRefused as e:
-            if e.rc == "DuplicateGen":  # a repeat whose first attempt was stored (answer lost)
+            if e.rc == Rc.DuplicateGen:  # a repeat whose first attempt was stored (answer lost)
                 self._remember(gen_id)
                 return None
             raise

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from litestar import Router
 
+from horde_lite.api.errors import HORDE_HANDLERS
 from horde_lite.api.horde import generate, kudos, progress, stats, status, users, workers
 from horde_lite.api.strict_body import StrictBody
 
@@ -12,6 +13,7 @@ router = Router(
     # Bodies (`data`) decode strictly into their structs; answers are encoded as returned.
     dto=StrictBody,
     return_dto=None,
+    exception_handlers=HORDE_HANDLERS,  # errors as `{"message", "rc"}`
     route_handlers=[
         *generate.HANDLERS,
         *progress.HANDLERS,

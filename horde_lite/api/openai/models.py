@@ -9,6 +9,7 @@ from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai.schemas import Model, ModelList
 from horde_lite.lifecycle.catalogue import list_chat_models
 from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 
 
 async def _listed(horde: HordeDep, caller: CallerDep) -> list[Model]:
@@ -26,7 +27,7 @@ async def show_model(model: FromPath[str], horde: HordeDep, caller: CallerDep) -
     for listed in await _listed(horde, caller):
         if listed.id == name:
             return listed
-    raise HordeError("ModelNotFound", f"No online chat worker serves the model {name!r}.", param="model")
+    raise HordeError(Rc.ModelNotFound, f"No online chat worker serves the model {name!r}.", param="model")
 
 
 HANDLERS = [list_models, show_model]

@@ -14,6 +14,7 @@ from horde_lite.lifecycle.chat_front import Quote
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ChatMessage, ChatOptions, ChatPayload, TextRequestInput
 from horde_lite.lifecycle.waiting import Final, FrontRequest
+from horde_lite.rc import Rc
 
 Positive = Annotated[int, msgspec.Meta(gt=0, le=2**31 - 1)]
 ModelId = Annotated[str, msgspec.Meta(min_length=1, max_length=255)]
@@ -64,7 +65,7 @@ class CompletionInput(msgspec.Struct, kw_only=True):
 
 def _one_choice(n: int | None) -> None:
     if n is not None and n != 1:
-        raise HordeError("BadRequest", "n must be 1: each request is answered by one worker.", param="n")
+        raise HordeError(Rc.BadRequest, "n must be 1: each request is answered by one worker.", param="n")
 
 
 def wants_usage(options: StreamOptions | None) -> bool:

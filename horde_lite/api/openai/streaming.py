@@ -24,12 +24,13 @@ from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
 from horde_lite.api.db_errors import database_unavailable
-from horde_lite.api.errors import openai_body, status_of
+from horde_lite.api.errors import openai_body
 from horde_lite.api.openai import schemas
 from horde_lite.lifecycle import waiting
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.waiting import Delta, Final, FrontRequest, KeepAlive, Waiter
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.openai")
 
@@ -128,7 +129,7 @@ async def _unless_client_leaves(request: Req, horde: Horde, front: FrontRequest,
         return task.result()
     log.info("client left before its answer request=%s", front.request_id)
     await waiting.abandon(horde, front.request_id)
-    raise HordeError("ClientDisconnected", "The client closed the connection; the request was cancelled.")
+    raise HordeError(Rc.ClientDisconnected, "The client closed the connection; the request was cancelled.")
 
 
 async def _events(
@@ -151,16 +152,16 @@ async def _events(
                 finished = True
     except HordeError as error:
         finished = True  # the waiter has cancelled what needed cancelling
-        yield event(openai_body(status_of(error.rc), error.rc, error.message))
+        yield event(openai_body(error.rc.status, error.rc, error.message))
     except Exception as exc:
         if database_unavailable(exc):  # retryable, as the same failure before the stream began
             log.warning("stream lost its database request=%s: %s", front.request_id, exc)
             message = "The database is unavailable; retry in a few seconds."
-            yield event(openai_body(503, "DatabaseUnavailable", message))
+            yield event(openai_body(Rc.DatabaseUnavailable.status, Rc.DatabaseUnavailable, message))
         else:
             log.exception("stream failed request=%s", front.request_id)
             message = "The server hit an internal error; the request was cancelled."
-            yield event(openai_body(500, "InternalServerError", message))
+            yield event(openai_body(Rc.InternalServerError.status, Rc.InternalServerError, message))
     finally:
         waiter.close()
         if not finished:  # the client went away mid-stream (or the server hit an error)

@@ -1,14 +1,14 @@
 """The operators' dashboard at /dashboard (docs/reference/dashboard.md): server-rendered HTML with
 inline SVG charts, one fragment route per panel that the page's script re-fetches.
 
-Access: open when `[http] open_operator_pages` is true; otherwise a moderator's key, sent as the
-`apikey` header (scripts) or once through the login form, which sets an HttpOnly, SameSite=Strict
-cookie holding a signed session (lifecycle/dashboard.py: never the key, never its hash).
+Access (`moderator_guard`, with the dashboard's `DOOR`): open when `[http] open_operator_pages` is
+true; otherwise a moderator's key, sent as the `apikey` header (scripts) or once through the login
+form, which sets an HttpOnly, SameSite=Strict cookie holding a signed session (queries.py: never the
+key, never its hash).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,12 +21,13 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
-from horde_lite.api.deps import HordeDep, apikey_of
+from horde_lite.api.deps import HordeDep
+from horde_lite.api.guards import Door, Refused, moderator, moderator_guard, viewer_of
 from horde_lite.api.static_files import static_files_router
+from horde_lite.dashboard import queries
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
-from horde_lite.lifecycle import dashboard
 from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.errors import HordeError
+from horde_lite.rc import Rc
 
 COOKIE = "horde_lite_dashboard"
 PATH = "/dashboard"
@@ -43,42 +44,28 @@ HEADERS = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class Access:
-    """Who is looking: a moderator's name, "" on open pages; `status` 401/403 when refused."""
-
-    viewer: str = ""
-    status: int = 200
-    message: str = ""
-    by_session: bool = False
-
-
-def open_pages(horde: Horde) -> bool:
-    return bool(getattr(horde.settings.http, "open_operator_pages", False))
+# The dashboard's answers to whom `moderator_guard` turns away (401 without a moderator's key).
+DOOR = Door(
+    no_key=(Rc.InvalidAPIKey, "Sign in with a moderator's API key."),
+    anonymous_key=(Rc.InvalidAPIKey, "A moderator's API key is required."),
+    not_moderator="Only a moderator's own key opens the dashboard.",
+    session_cookie=COOKIE,
+)
+GUARDED: dict[str, Any] = {"guards": [moderator_guard], "opt": {"door": DOOR}}
 
 
-async def access(request: Request[Any, Any, Any], horde: Horde) -> Access:
-    if open_pages(horde):
-        return Access()
-    key = apikey_of(request)
-    if key is not None:
-        return await _by_key(horde, key)
-    user = await dashboard.session_moderator(horde, request.cookies.get(COOKIE))
-    if user is not None:
-        return Access(viewer=user.username, by_session=True)
-    return Access(status=401, message="Sign in with a moderator's API key.")
+def _login(status: int, message: str) -> Template:
+    return Template("login.html", context={"message": message}, status_code=status, headers=HEADERS)
 
 
-async def _by_key(horde: Horde, key: str) -> Access:
-    try:
-        user = await dashboard.moderator(horde, key)
-    except HordeError as exc:
-        return Access(status=403 if exc.rc == "NotModerator" else 401, message=exc.message)
-    return Access(viewer=user.username)
+def _login_page(request: Request[Any, Any, Any], exc: Refused) -> Template:
+    """The page's answer to a refused caller: the sign-in form, with the refusal's status."""
+    return _login(exc.rc.status, exc.message)
 
 
-def _login(who: Access) -> Template:
-    return Template("login.html", context={"message": who.message}, status_code=who.status, headers=HEADERS)
+def _plain_refusal(request: Request[Any, Any, Any], exc: Refused) -> Response[str]:
+    """A fragment's answer to a refused caller: the reason as text (the page's script shows it)."""
+    return Response(exc.message, status_code=exc.rc.status, media_type="text/plain", headers=HEADERS)
 
 
 def _same_origin(request: Request[Any, Any, Any]) -> bool:
@@ -95,14 +82,12 @@ async def _contexts(horde: Horde, names: list[str]) -> list[dict[str, Any]]:
     return [{"panel": PANELS[n], "ctx": await PANELS[n].build(horde)} for n in names]
 
 
-@get("/")
+@get("/", **GUARDED, exception_handlers={Refused: _login_page})
 async def page(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
-    who = await access(request, horde)
-    if who.status != 200:
-        return _login(who)
+    who = viewer_of(request)
     context = {
         "panels": await _contexts(horde, list(PANELS)),
-        "viewer": who.viewer,
+        "viewer": who.name,
         "by_session": who.by_session,
         "refresh": REFRESH_SECONDS,
         "now": horde.clock.now(),
@@ -110,13 +95,8 @@ async def page(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
     return Template("dashboard.html", context=context, headers=HEADERS)
 
 
-@get("/panels/{name:str}")
-async def panel(
-    request: Request[Any, Any, Any], horde: HordeDep, name: FromPath[str]
-) -> Template | Response[str]:
-    who = await access(request, horde)
-    if who.status != 200:
-        return Response(who.message, status_code=who.status, media_type="text/plain", headers=HEADERS)
+@get("/panels/{name:str}", **GUARDED, exception_handlers={Refused: _plain_refusal})
+async def panel(horde: HordeDep, name: FromPath[str]) -> Template | Response[str]:
     if name not in PANELS:
         return Response(f"No panel {name!r}.", status_code=404, media_type="text/plain", headers=HEADERS)
     (item,) = await _contexts(horde, [name])
@@ -126,16 +106,16 @@ async def panel(
 @post("/login", status_code=303)
 async def login(request: Request[Any, Any, Any], horde: HordeDep) -> Template | Redirect:
     if not _same_origin(request):
-        return _login(Access(status=403, message="A sign-in must come from this site's own form."))
+        return _login(403, "A sign-in must come from this site's own form.")
     form = await request.form()
     key = str(form.get("apikey") or "").strip()
-    who = await _by_key(horde, key)
-    if who.status != 200:
-        return _login(who)
-    user = await dashboard.moderator(horde, key)
-    token = dashboard.session_token(user, horde.clock.now())
+    try:
+        user = await moderator(horde, key, DOOR)
+    except Refused as exc:
+        return _login(exc.rc.status, exc.message)
+    token = queries.session_token(user, horde.clock.now())
     cookie = Cookie(
-        key=COOKIE, value=token, path=PATH, max_age=dashboard.SESSION_SECONDS, httponly=True,
+        key=COOKIE, value=token, path=PATH, max_age=queries.SESSION_SECONDS, httponly=True,
         samesite="strict", secure=request.url.scheme == "https",
     )  # fmt: skip
     return Redirect(PATH, status_code=303, cookies=[cookie], headers=HEADERS)

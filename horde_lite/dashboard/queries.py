@@ -1,5 +1,5 @@
 """What the operators' dashboard shows (docs/reference/dashboard.md), read from the tables and
-returned as typed data; the HTTP module renders it.
+returned as typed data; render.py turns it into panels, routes.py serves them.
 
 Every read is bounded: time series are aggregated in SQL into at most `MAX_BINS` bins, lists are
 limited, and the history tables are read through their `at` indexes over a fixed window.
@@ -31,8 +31,6 @@ from horde_lite.db.models import (
 )
 from horde_lite.lifecycle import policy_state
 from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.users import authenticate_user, is_anonymous_key
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.policies.registry import PolicyError
@@ -54,7 +52,7 @@ ADMISSION_OUTCOMES = ("free", "funded", "downgraded", "refused")
 KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
 
 
-# --- who may look: moderators, by key or by a signed session ----------------------------------------
+# --- the dashboard's signed sessions (a moderator's key is checked by api/guards.py) ---------------
 
 SESSION_SECONDS = 12 * 3600
 # What session_token writes, and nothing else: ASCII digits only (int() also reads other scripts'
@@ -68,23 +66,6 @@ def _signature(user: User, expires: int) -> str:
     session at once. The cookie never holds the key or its hash."""
     message = f"horde-lite-dashboard|{user.id}|{expires}".encode()
     return hmac.new(user.api_key_hash.encode(), message, hashlib.sha256).hexdigest()
-
-
-async def moderator(horde: Horde, apikey: str | None) -> User:
-    """The moderator a key belongs to; HordeError InvalidAPIKey (no key, an unknown one) or
-    NotModerator (any other user's key, a shared key, the anonymous key)."""
-    if is_anonymous_key(apikey):
-        raise HordeError("InvalidAPIKey", "A moderator's API key is required.")
-    async with horde.transaction() as session:
-        try:
-            user = await authenticate_user(session, apikey, horde.clock.now())
-        except HordeError as exc:
-            if exc.rc == "WrongCredentials":  # a shared key: never a moderator's own key
-                raise HordeError("NotModerator", "Only a moderator's own key opens the dashboard.") from exc
-            raise
-    if not user.moderator:
-        raise HordeError("NotModerator", "Only a moderator's own key opens the dashboard.")
-    return user
 
 
 def session_token(user: User, now: float) -> str:

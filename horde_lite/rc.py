@@ -1,0 +1,82 @@
+"""The `rc` codes: every error code the server answers with (upstream AI Horde's spelling, kept
+exact on the wire), each with upstream's HTTP status for it. The lifecycle raises them
+(`lifecycle.errors.HordeError`), each face shapes them (`api.errors`), the worker reads them."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Self
+
+
+class Rc(StrEnum):
+    """Every `rc` code on the wire (the member's value, upstream's spelling) and its HTTP status.
+    A raise site names a member, so a code without a status cannot be written."""
+
+    status: int
+
+    def __new__(cls, value: str, status: int) -> Self:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.status = status
+        return member
+
+    BadRequest = "BadRequest", 400
+    # Workers, users and kudos transfers (upstream's codes, 400 as upstream's validation errors).
+    NoWorkerModSelected = "NoWorkerModSelected", 400
+    WorkerNameAlreadyExists = "WorkerNameAlreadyExists", 400
+    NoValidActions = "NoValidActions", 400
+    KudosTransferFromAnon = "KudosTransferFromAnon", 400
+    KudosTransferToAnon = "KudosTransferToAnon", 400
+    KudosTransferToSelf = "KudosTransferToSelf", 400
+    NegativeKudosTransfer = "NegativeKudosTransfer", 400
+    InvalidKudosTransferAmount = "InvalidKudosTransferAmount", 400
+    KudosTransferNotEnough = "KudosTransferNotEnough", 400
+    InvalidTargetUsername = "InvalidTargetUsername", 400
+    KudosLimit = "KudosLimit", 400
+    TeamNotFound = "TeamNotFound", 404
+    MissingPrompt = "MissingPrompt", 400
+    TokenOverflow = "TokenOverflow", 400
+    ContextLengthExceeded = "ContextLengthExceeded", 400
+    DuplicateGen = "DuplicateGen", 400
+    AbortedGen = "AbortedGen", 400
+    NotStreamingJob = "NotStreamingJob", 400
+    ProgressTooLong = "ProgressTooLong", 400
+    TooManyProgressPosts = "TooManyProgressPosts", 400
+    GenerationTooLong = "GenerationTooLong", 400
+    ClientDisconnected = "ClientDisconnected", 400
+    InvalidAPIKey = "InvalidAPIKey", 401
+    KudosUpfront = "KudosUpfront", 403
+    SharedKeyInsufficientKudos = "SharedKeyInsufficientKudos", 403
+    SharedKeyEmpty = "SharedKeyEmpty", 403
+    SharedKeyExpired = "SharedKeyExpired", 403
+    WrongCredentials = "WrongCredentials", 403
+    AnonForbidden = "AnonForbidden", 403
+    AnonForbiddenWorker = "AnonForbiddenWorker", 403
+    WorkerMaintenance = "WorkerMaintenance", 403
+    TooManyWorkers = "TooManyWorkers", 403
+    TooManySharedKeys = "TooManySharedKeys", 403
+    NotModerator = "NotModerator", 403
+    Forbidden = "Forbidden", 403
+    RequestNotFound = "RequestNotFound", 404
+    InvalidJobID = "InvalidJobID", 404
+    UserNotFound = "UserNotFound", 404
+    WorkerNotFound = "WorkerNotFound", 404
+    SharedKeyNotFound = "SharedKeyNotFound", 404
+    ModelNotFound = "ModelNotFound", 404
+    NotFound = "NotFound", 404
+    MethodNotAllowed = "MethodNotAllowed", 405
+    ProgressOutOfOrder = "ProgressOutOfOrder", 409
+    RequestCancelled = "RequestCancelled", 410
+    PayloadTooLarge = "PayloadTooLarge", 413
+    # Deleting a user with work in flight (upstream's `Locked`, werkzeug's 423).
+    Locked = "Locked", 423
+    TooManyPrompts = "TooManyPrompts", 429
+    RateLimited = "RateLimited", 429
+    ProgressTooFast = "ProgressTooFast", 429
+    InternalServerError = "InternalServerError", 500
+    # An HTTP error of Litestar's that no code above names: answered with that error's own status.
+    HTTPError = "HTTPError", 500
+    WorkerFailed = "WorkerFailed", 502
+    NoEligibleWorker = "NoEligibleWorker", 503
+    QueueTimeout = "QueueTimeout", 503
+    DatabaseUnavailable = "DatabaseUnavailable", 503
