@@ -8,6 +8,7 @@ effect over HTTP."""
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import tomllib
 import uuid
@@ -47,8 +48,8 @@ NOWHERE = "sqlite+aiosqlite:///does-not-matter.db"  # the factory loads policies
 
 @pytest.mark.parametrize("kind", KINDS)
 def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
-    """Catches a stale install (entry points out of step with pyproject.toml) and a clash of the
-    top-level `plugins` package with another distribution's."""
+    """Catches a stale install (entry points out of step with pyproject.toml) and a built-in policy
+    loaded from anywhere but this repository's plugins/ folder, installed as `horde_lite_policies`."""
     found = installed(kind)
     assert BUILT_IN[kind] <= set(found)
     declared = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["entry-points"]
@@ -65,9 +66,15 @@ def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
         assert ep.dist is not None
         assert ep.dist.name == "horde-lite"
         policy_class = ep.load()
+        assert policy_class.__module__.startswith("horde_lite_policies."), ep.value
         source = Path(sys.modules[policy_class.__module__].__file__ or "").resolve()
         assert source.parent == PROJECT / "plugins", f"{ep.value} was imported from {source}"
         assert isinstance(policy_class(), PROTOCOL[kind])
+
+
+def _imports(path: Path, *packages: str) -> bool:
+    statement = re.compile(rf"\s*(import|from)\s+({'|'.join(packages)})(\.|\s|$)")
+    return any(statement.match(line) for line in path.read_text().splitlines())
 
 
 def test_the_core_never_imports_plugins_by_name() -> None:
@@ -75,12 +82,35 @@ def test_the_core_never_imports_plugins_by_name() -> None:
     offenders = [
         str(path.relative_to(PROJECT))
         for path in (PROJECT / "horde_lite").rglob("*.py")
-        if any(
-            line.lstrip().startswith(("import plugins", "from plugins"))
-            for line in path.read_text().splitlines()
-        )
+        if _imports(path, "plugins", "horde_lite_policies")
     ]
     assert offenders == []
+
+
+def test_nothing_imports_the_folder_by_its_name_in_the_repository() -> None:
+    """From the repository's root the plugins/ folder is importable as `plugins` (the current
+    directory is on sys.path); an import by that name would load a second copy of each policy
+    that no installed copy of the project has."""
+    offenders = [
+        str(path.relative_to(PROJECT))
+        for folder in ("horde_lite", "plugins", "tests", "bench", "scripts")
+        for path in (PROJECT / folder).rglob("*.py")
+        if _imports(path, "plugins")
+    ]
+    assert offenders == []
+    assert not [name for name in sys.modules if name == "plugins" or name.startswith("plugins.")]
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """pyproject.toml lists the packages (plugins/ is mapped to `horde_lite_policies`, which `find`
+    cannot do): a new horde_lite package missing from the list would be missing from the wheel."""
+    setuptools = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {
+        ".".join(init.parent.relative_to(PROJECT).parts)
+        for init in (PROJECT / "horde_lite").rglob("__init__.py")
+    }
+    assert set(setuptools["packages"]) == on_disk | {"horde_lite_policies"}
+    assert setuptools["package-dir"] == {"horde_lite_policies": "plugins"}
 
 
 # --- selection from settings -------------------------------------------------------------------
