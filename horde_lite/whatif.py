@@ -117,7 +117,7 @@ def _gate_verdict(gate: SpeedGate, record: AssignmentRecord) -> bool | None:
 
     def allows(online: bool) -> bool:
         inputs = GateInputs(record.is_chat, record.max_length, record.capacity, online)
-        return gate.can_generate_with_eligibility_inputs(inputs)
+        return gate.admits(inputs)
 
     if record.capable_online is not None:
         return not allows(record.capable_online)

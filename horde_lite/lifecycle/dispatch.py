@@ -199,9 +199,7 @@ async def _record_assignments(
     if candidate is not None:
 
         def allows(online: bool) -> bool:
-            return candidate.can_generate_with_eligibility_inputs(
-                GateInputs(request.is_chat, request.max_length, worker.capacity, online)
-            )
+            return candidate.admits(GateInputs(request.is_chat, request.max_length, worker.capacity, online))
 
         asked = capable
         if asked is None and allows(False) != allows(True):  # the candidate reads it here too

@@ -8,7 +8,14 @@ from typing import Any
 
 import msgspec
 
-from horde_lite.policies.protocols import KINDS, PROTOCOLS, AllowanceCurve, ShadowMetrics, SpeedGate
+from horde_lite.policies.protocols import (
+    KINDS,
+    PROTOCOLS,
+    SPEED_GATE_RENAMED,
+    AllowanceCurve,
+    ShadowMetrics,
+    SpeedGate,
+)
 from horde_lite.settings import PoliciesSettings, SettingsError
 
 GROUP_PREFIX = "horde_lite."
@@ -45,9 +52,23 @@ def _build(kind: str, name: str, options: dict[str, Any], setting: str | None = 
     except (msgspec.ValidationError, TypeError) as e:
         table = f"[policies.options.{setting}]" if setting else f"[policies.{kind}.options]"
         raise PolicyError(f"{table} for {name!r}: {e}") from e
+    if kind == "speed_gate":
+        _refuse_former_names(policy, f"[policies] {key} = {name!r}: {available[name].value}")
     if not isinstance(policy, PROTOCOLS[kind]):
         raise PolicyError(f"[policies] {key} = {name!r}: {available[name].value} is not a {kind} policy")
     return policy
+
+
+def _refuse_former_names(gate: Any, what: str) -> None:
+    """A gate written for the speed gate's former names: say which to rename (the former method
+    names alone would fail the protocol check with no hint; the former attribute alone would
+    quietly turn off the walk's use of the gate)."""
+    stale = [old for old, new in SPEED_GATE_RENAMED.items() if hasattr(gate, old) and not hasattr(gate, new)]
+    if stale:
+        renames = ", ".join(f"{old} -> {SPEED_GATE_RENAMED[old]}" for old in stale)
+        raise PolicyError(
+            f"{what} uses the speed gate's former names; rename {renames} (docs/reference/policies.md)"
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -207,15 +207,31 @@ from sqlalchemy import false, true
 class RefuseAll(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     refuse: bool = True
 
-    def can_generate_with_eligibility_inputs(self, inputs):
+    def admits(self, inputs):
         return not self.refuse
 
-    def text_wp_speed_gate_clause(self, sql):
+    def admits_sql(self, sql):
         return false() if self.refuse else true()
 
 
 class NotAGate:
     pass
+
+
+class FormerNames:
+    """Written for the speed gate's former names."""
+
+    capable_monotone = True
+
+    def can_generate_with_eligibility_inputs(self, inputs):
+        return True
+
+    def text_wp_speed_gate_clause(self, sql):
+        return true()
+
+
+class FormerAttribute(RefuseAll, frozen=True):
+    capable_monotone = True
 '''
 
 
@@ -226,6 +242,8 @@ class ThirdParty:
     gate: str  # entry point name of the working gate
     not_a_gate: str
     broken: str
+    former_names: str  # the speed gate's former method and attribute names
+    former_attribute: str  # the new methods, the former attribute
 
 
 def install_distribution(
@@ -249,7 +267,15 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Thi
     point that does not import. Unique names per test: importlib caches modules by name."""
     tag = uuid.uuid4().hex[:8]
     module, dist = f"hl_third_party_{tag}", f"hl-third-party-{tag}"
-    names = ThirdParty(dist, module, f"refuse_all_{tag}", f"not_a_gate_{tag}", f"broken_{tag}")
+    names = ThirdParty(
+        dist,
+        module,
+        f"refuse_all_{tag}",
+        f"not_a_gate_{tag}",
+        f"broken_{tag}",
+        f"former_names_{tag}",
+        f"former_attribute_{tag}",
+    )
     install_distribution(
         tmp_path / "site-packages",
         monkeypatch,
@@ -259,7 +285,9 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Thi
         "[horde_lite.speed_gate]\n"
         f"{names.gate} = {module}:RefuseAll\n"
         f"{names.not_a_gate} = {module}:NotAGate\n"
-        f"{names.broken} = {module}_missing:Gate\n",
+        f"{names.broken} = {module}_missing:Gate\n"
+        f"{names.former_names} = {module}:FormerNames\n"
+        f"{names.former_attribute} = {module}:FormerAttribute\n",
     )
     yield names
     sys.modules.pop(module, None)
@@ -287,6 +315,28 @@ def test_a_third_party_entry_point_that_is_not_a_gate_or_does_not_load_is_named(
             load_policies(settings.policies)
         assert name in str(info.value)
         assert says in str(info.value)
+
+
+def test_a_gate_with_the_speed_gates_former_names_is_told_the_new_ones(third_party: ThirdParty) -> None:
+    for name, renames in (
+        (
+            third_party.former_names,
+            [
+                "can_generate_with_eligibility_inputs -> admits",
+                "text_wp_speed_gate_clause -> admits_sql",
+                "capable_monotone -> capable_worker_only_narrows",
+            ],
+        ),
+        (third_party.former_attribute, ["capable_monotone -> capable_worker_only_narrows"]),
+    ):
+        settings = make_settings(NOWHERE, policies={"speed_gate": name})
+        with pytest.raises(PolicyError) as info:
+            load_policies(settings.policies)
+        assert name in str(info.value)
+        assert "former names" in str(info.value)
+        for rename in renames:
+            assert rename in str(info.value)
+    assert "admits_sql" not in str(info.value)
 
 
 @pytest.fixture
