@@ -11,10 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.metrics import Metrics
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.settings import AllowanceSettings
-
-KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
-
 
 # --- speed gate --------------------------------------------------------------------------------
 
@@ -139,8 +137,8 @@ class ShadowMetrics(Protocol):
     def on_pop(self, metrics: Metrics, pop: PopCheck) -> None: ...
 
 
-PROTOCOLS: dict[str, type[Any]] = {
-    "speed_gate": SpeedGate,
-    "allowance_curve": AllowanceCurve,
-    "shadow_metrics": ShadowMetrics,
+PROTOCOLS: dict[PolicyKind, type[Any]] = {
+    PolicyKind.SPEED_GATE: SpeedGate,
+    PolicyKind.ALLOWANCE_CURVE: AllowanceCurve,
+    PolicyKind.SHADOW_METRICS: ShadowMetrics,
 }

@@ -26,9 +26,10 @@ import horde_lite
 from horde_lite import cli
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
-from horde_lite.policies.protocols import KINDS, AllowanceCurve, ShadowMetrics, SpeedGate
+from horde_lite.policies.kinds import PolicyKind
+from horde_lite.policies.protocols import PROTOCOLS, AllowanceCurve, ShadowMetrics, SpeedGate
 from horde_lite.policies.registry import PolicyError, installed, listing, load_policies
-from horde_lite.settings import load_settings
+from horde_lite.settings import PoliciesSettings, load_settings
 from horde_lite.testing.speed_gate_contract import check_speed_gate, speed_gate_contract
 from tests.conftest import make_settings
 from tests.support.horde import HordeClient
@@ -46,7 +47,7 @@ NOWHERE = "sqlite+aiosqlite:///does-not-matter.db"  # the factory loads policies
 # --- built-in names ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", list(PolicyKind))
 def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
     """Catches a stale install (entry points out of step with pyproject.toml) and a built-in policy
     loaded from anywhere but this repository's plugins/ folder, installed as `horde_lite_policies`."""
@@ -111,6 +112,13 @@ def test_the_wheel_lists_every_package() -> None:
     }
     assert set(setuptools["packages"]) == on_disk | {"horde_lite_policies"}
     assert setuptools["package-dir"] == {"horde_lite_policies": "plugins"}
+
+
+def test_the_kinds_are_the_configuration_and_database_values() -> None:
+    """PolicyKind's values are what operators write and the database keeps: never renamed."""
+    assert [kind.value for kind in PolicyKind] == ["speed_gate", "allowance_curve", "shadow_metrics"]
+    assert set(PROTOCOLS) == set(PolicyKind)
+    assert all(hasattr(PoliciesSettings(), kind) for kind in PolicyKind)
 
 
 # --- selection from settings -------------------------------------------------------------------
