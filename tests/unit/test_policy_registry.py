@@ -99,7 +99,8 @@ def test_nothing_imports_the_folder_by_its_name_in_the_repository() -> None:
         if _imports(path, "plugins")
     ]
     assert offenders == []
-    assert not [name for name in sys.modules if name == "plugins" or name.startswith("plugins.")]
+    loaded = [name for name in sys.modules if name == "plugins" or name.startswith("plugins.")]
+    assert loaded == [], "imported as `plugins`: entry points of a stale install? reinstall horde-lite"
 
 
 def test_the_wheel_lists_every_package() -> None:
