@@ -9,6 +9,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
 WORKDIR /app
 COPY pyproject.toml README.md litestar.toml ./
 COPY horde_lite ./horde_lite
+# The built-in policies' folder; pyproject.toml installs it as the package horde_lite_policies.
 COPY plugins ./plugins
 RUN pip install --no-cache-dir . \
     && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin horde \

@@ -24,6 +24,7 @@ from litestar.cli.commands.core import routes_command, run_command
 from horde_lite import __version__
 from horde_lite.demo.command import demo as demo_command
 from horde_lite.litestar_cli import LitestarEnv, LitestarGroup
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.settings import KUDOS_LIMIT, Settings, SettingsError, load_settings, masked
 from horde_lite.startup import StartupError, check_database, fail, guard_run
 from horde_lite.worker.command import worker as worker_command
@@ -288,8 +289,6 @@ def users_delete(name: str, yes: bool) -> None:
 
 # --- policies ---------------------------------------------------------------------------------------
 
-POLICY_KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
-
 
 @click.group(help="Policy plugins: the installed ones, the one in force, switching.",
              invoke_without_command=True)  # fmt: skip
@@ -311,7 +310,7 @@ def policies_list() -> None:
     if state is None:
         click.echo(f"in force: unknown ({reason})")
         return
-    for kind in POLICY_KINDS:
+    for kind in PolicyKind:
         row = state.get(kind)
         if row is None:
             click.echo(f"in force: {kind} = none yet (the first server process seeds it from its settings)")
@@ -363,7 +362,7 @@ USE_HELP = ("Switch KIND to the policy NAME in every server process of this hord
 
 
 @policies.command("use", help=USE_HELP)
-@click.argument("kind", type=click.Choice(POLICY_KINDS))
+@click.argument("kind", type=click.Choice([kind.value for kind in PolicyKind]))
 @click.argument("name")
 @click.option("--option", "raw_options", multiple=True, metavar="KEY=VALUE",
               help="An option of the policy (repeat); the options given replace the old ones.")  # fmt: skip

@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
+from horde_lite.policies.kinds import PolicyKind
 
 ENV_PREFIX = "HORDE_LITE_"
 CONFIG_ENV = "HORDE_LITE_CONFIG"
@@ -301,7 +302,7 @@ def _read_toml(path: Path) -> dict[str, Any]:
     policies = raw.get("policies")
     if isinstance(policies, dict):
         options = dict(policies.get("options", {}))
-        for kind in ("speed_gate", "allowance_curve", "shadow_metrics"):
+        for kind in (k.value for k in PolicyKind):  # plain str keys: msgspec refuses a subclass
             value = policies.get(kind)
             if isinstance(value, dict):
                 extra = sorted(set(value) - {"name", "options"})

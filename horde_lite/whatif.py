@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from horde_lite.db.models import AdmissionRecord, AssignmentRecord
 from horde_lite.lifecycle.admission import outcome_for
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceCurve, AllowanceInputs, GateInputs, SpeedGate
 from horde_lite.policies.registry import build
 from horde_lite.settings import AllowanceSettings
@@ -117,7 +118,7 @@ def _gate_verdict(gate: SpeedGate, record: AssignmentRecord) -> bool | None:
 
     def allows(online: bool) -> bool:
         inputs = GateInputs(record.is_chat, record.max_length, record.capacity, online)
-        return gate.can_generate_with_eligibility_inputs(inputs)
+        return gate.admits(inputs)
 
     if record.capable_online is not None:
         return not allows(record.capable_online)
@@ -206,7 +207,7 @@ async def speed_gate_whatif(
     """What the installed gate `gate_name` would have refused over the assignments recorded in
     [since, until) (until None: no upper bound). An unknown name raises PolicyError listing the
     installed gates."""
-    gate = build("speed_gate", gate_name, dict(options or {}))
+    gate = build(PolicyKind.SPEED_GATE, gate_name, dict(options or {}))
     query = select(AssignmentRecord).where(AssignmentRecord.at >= since).order_by(AssignmentRecord.at)
     if until is not None:
         query = query.where(AssignmentRecord.at < until)
@@ -378,7 +379,7 @@ async def allowance_whatif(
     """How free, funded, downgraded and refused would have changed under the installed curve
     `curve_name` over the admissions recorded in [since, until) (until None: no upper bound).
     `settings`: the [allowance] table the curve reads (default: the defaults)."""
-    curve = build("allowance_curve", curve_name, dict(options or {}))
+    curve = build(PolicyKind.ALLOWANCE_CURVE, curve_name, dict(options or {}))
     query = select(AdmissionRecord).where(AdmissionRecord.at >= since).order_by(AdmissionRecord.at)
     if until is not None:
         query = query.where(AdmissionRecord.at < until)

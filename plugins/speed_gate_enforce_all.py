@@ -9,10 +9,10 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class EnforceAll(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_monotone = True  # see SpeedGate
+    capable_worker_only_narrows = True  # see SpeedGate
 
-    def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
+    def admits(self, inputs: GateInputs) -> bool:
         return inputs.max_length <= inputs.capacity
 
-    def text_wp_speed_gate_clause(self, sql: GateSql) -> ColumnElement[bool]:
+    def admits_sql(self, sql: GateSql) -> ColumnElement[bool]:
         return sql.max_length <= sql.capacity

@@ -10,10 +10,10 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class GateOff(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_monotone = True  # see SpeedGate
+    capable_worker_only_narrows = True  # see SpeedGate
 
-    def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
+    def admits(self, inputs: GateInputs) -> bool:
         return True
 
-    def text_wp_speed_gate_clause(self, sql: GateSql) -> ColumnElement[bool]:
+    def admits_sql(self, sql: GateSql) -> ColumnElement[bool]:
         return true()

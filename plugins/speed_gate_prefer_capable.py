@@ -11,12 +11,12 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class PreferCapable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_monotone = True  # see SpeedGate
+    capable_worker_only_narrows = True  # see SpeedGate
 
-    def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool:
+    def admits(self, inputs: GateInputs) -> bool:
         if not inputs.is_chat or inputs.max_length <= inputs.capacity:
             return True
         return not inputs.capable_worker_online
 
-    def text_wp_speed_gate_clause(self, sql: GateSql) -> ColumnElement[bool]:
+    def admits_sql(self, sql: GateSql) -> ColumnElement[bool]:
         return or_(not_(sql.is_chat), sql.max_length <= sql.capacity, not_(sql.capable_worker_online()))

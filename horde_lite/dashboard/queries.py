@@ -32,8 +32,9 @@ from horde_lite.db.models import (
 from horde_lite.lifecycle import policy_state
 from horde_lite.lifecycle.context import Horde
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
-from horde_lite.policies.registry import PolicyError
+from horde_lite.policies.registry import CANDIDATES, PolicyError
 
 WINDOW_SECONDS = 24 * 3600.0  # the shadow and allowance panels: the last day
 CANDIDATE_WINDOW_SECONDS = 7 * 86400.0  # the candidate comparison: the last week
@@ -49,7 +50,6 @@ BUCKET_EDGES = (512, 1024, 2048, 4096)
 BUCKETS = list(SIZE_BUCKETS)
 OUTCOMES = ("completed", "faulted", "aborted", "cancelled", "running")
 ADMISSION_OUTCOMES = ("free", "funded", "downgraded", "refused")
-KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
 
 
 # --- the dashboard's signed sessions (a moderator's key is checked by api/guards.py) ---------------
@@ -344,7 +344,7 @@ async def queue(horde: Horde) -> QueueView:
             outcome=latest.outcome,
             curve=latest.allowance_curve,
         ),
-        curve_name=horde.policies.names["allowance_curve"],
+        curve_name=horde.policies.names[PolicyKind.ALLOWANCE_CURVE],
         curve=curve,
         curve_reads_wait=len({a for _, a in curve}) > 1,
         recent=[(float(w), int(a)) for w, a in recent],
@@ -392,10 +392,10 @@ def candidates(horde: Horde) -> list[tuple[str, str, dict[str, Any]]]:
     with their options ([policies.options.candidate_<kind>])."""
     settings = horde.settings.policies
     out = []
-    for kind in ("speed_gate", "allowance_curve"):
-        name = getattr(settings, f"candidate_{kind}")
+    for setting, kind in CANDIDATES.items():
+        name = getattr(settings, setting)
         if name:
-            out.append((kind, name, dict(settings.options.get(f"candidate_{kind}", {}))))
+            out.append((kind, name, dict(settings.options.get(setting, {}))))
     return out
 
 
@@ -604,7 +604,7 @@ async def candidate_comparison(horde: Horde) -> CandidateView:
     async with horde.transaction() as session:
         for kind, name, options in chosen:
             try:
-                if kind == "speed_gate":
+                if kind == PolicyKind.SPEED_GATE:
                     gate = await whatif.speed_gate_whatif(session, name, since, None, options)
                 else:
                     curve = await whatif.allowance_whatif(

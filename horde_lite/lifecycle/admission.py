@@ -30,6 +30,7 @@ from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals, queu
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
 from horde_lite.lifecycle.users import Requester, authenticate, check_shared_key
 from horde_lite.metrics import allowance_attributes, wait_attributes
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.rc import Rc
 
@@ -665,7 +666,7 @@ async def _record(
             eligible_threads=inputs.eligible_threads,
             online_text_threads=inputs.online_text_threads if judged.totals_read else None,
             queued_text_requests=inputs.queued_text_requests if judged.totals_read else None,
-            allowance_curve=policies.names["allowance_curve"],
+            allowance_curve=policies.names[PolicyKind.ALLOWANCE_CURVE],
             slow_workers=spec.slow_workers,
             downgrade_allowed=judged.downgrade_allowed,
             can_fund=judged.can_fund,
@@ -676,9 +677,9 @@ async def _record(
         records.append(
             CandidateRecord(
                 at=now,
-                kind="allowance_curve",
+                kind=PolicyKind.ALLOWANCE_CURVE,
                 candidate=policies.names["candidate_allowance_curve"],
-                in_force=policies.names["allowance_curve"],
+                in_force=policies.names[PolicyKind.ALLOWANCE_CURVE],
                 request_id=request_id,
                 is_chat=spec.is_chat,
                 max_length=spec.max_length,

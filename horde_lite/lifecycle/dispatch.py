@@ -35,6 +35,7 @@ from horde_lite.lifecycle.workers import (
     stamp_check_in,
 )
 from horde_lite.metrics import wait_attributes
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import Assignment, GateInputs, PopCheck
 from horde_lite.policies.registry import Policies
 
@@ -190,7 +191,7 @@ async def _record_assignments(
     over-capacity job (only such a job raises the question; every built-in gate passes the
     others), else None."""
     rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
-    gate = policies.names["speed_gate"]
+    gate = policies.names[PolicyKind.SPEED_GATE]
     shadow = {"at": now, "capable_online": capable, "speed_gate": gate}
     records = [{**dataclasses.asdict(a), **shadow} for a in assignments]
     conn = await session.connection()  # Core inserts: nothing reads these rows in this transaction
@@ -199,9 +200,7 @@ async def _record_assignments(
     if candidate is not None:
 
         def allows(online: bool) -> bool:
-            return candidate.can_generate_with_eligibility_inputs(
-                GateInputs(request.is_chat, request.max_length, worker.capacity, online)
-            )
+            return candidate.admits(GateInputs(request.is_chat, request.max_length, worker.capacity, online))
 
         asked = capable
         if asked is None and allows(False) != allows(True):  # the candidate reads it here too
@@ -209,9 +208,9 @@ async def _record_assignments(
         if not allows(bool(asked)):
             refused = {
                 "at": now,
-                "kind": "speed_gate",
+                "kind": PolicyKind.SPEED_GATE,
                 "candidate": policies.names["candidate_speed_gate"],
-                "in_force": policies.names["speed_gate"],
+                "in_force": policies.names[PolicyKind.SPEED_GATE],
                 "request_id": request.id,
                 "worker_id": worker.id,
                 "worker_trusted": worker.trusted,

@@ -190,17 +190,11 @@ def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]
     return and_(e.plain, e.is_chat, exists(select(1).select_from(cw).where(*clauses).correlate_except(cw)))
 
 
-def text_wp_speed_gate_clause(
-    w: WorkerRow, r: RequestRow, rules: Rules, capable: ColumnElement[bool] | None = None
-) -> ColumnElement[bool]:
-    return gate_admits(r, w.capacity, rules, capable)
-
-
-def gate_admits(
+def speed_gate_admits_sql(
     r: RequestRow, capacity: Any, rules: Rules, capable: ColumnElement[bool] | None = None
 ) -> ColumnElement[bool]:
     """The speed gate's rule for request `r` and a worker of `capacity` (a column or a bound value)."""
-    return rules.gate.text_wp_speed_gate_clause(
+    return rules.gate.admits_sql(
         GateSql(
             is_chat=r.is_chat,
             max_length=r.max_length,
@@ -236,7 +230,7 @@ def eligibility_clauses(
         or_(and_(r.is_chat, chat_limits_admit(w, r)), and_(not_(r.is_chat), legacy_limits_admit(w, r))),
         serves_request_models(w, r),
         targeting_admits(w, r),
-        text_wp_speed_gate_clause(w, r, rules, capable) if gate else true(),
+        speed_gate_admits_sql(r, w.capacity, rules, capable) if gate else true(),
     ]
 
 
@@ -348,8 +342,8 @@ def is_capable(w: WorkerFacts, r: RequestFacts, rules: Rules) -> bool:
     )
 
 
-def can_generate_with_eligibility_inputs(gate: SpeedGate, inputs: GateInputs) -> bool:
-    return gate.can_generate_with_eligibility_inputs(inputs)
+def speed_gate_admits(gate: SpeedGate, inputs: GateInputs) -> bool:
+    return gate.admits(inputs)
 
 
 def fast_enough(lease_speed: float | None, rules: Rules) -> bool:
@@ -383,7 +377,7 @@ _gate_inputs = functools.lru_cache(maxsize=4096, typed=True)(GateInputs)
 
 def gate_passes(w: WorkerFacts, r: RequestFacts, rules: Rules, capable_worker_online: bool) -> bool:
     inputs = _gate_inputs(r.is_chat, r.max_length, w.capacity, capable_worker_online)
-    return can_generate_with_eligibility_inputs(rules.gate, inputs)
+    return speed_gate_admits(rules.gate, inputs)
 
 
 def is_eligible(w: WorkerFacts, r: RequestFacts, fleet: list[WorkerFacts], rules: Rules) -> bool:

@@ -37,7 +37,7 @@ from horde_lite.clock import Clock
 from horde_lite.db.engine import make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
 from horde_lite.lifecycle.context import Horde
-from horde_lite.policies.protocols import KINDS
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.registry import build, load_policies
 from horde_lite.settings import Settings, SettingsError, load_settings
 
@@ -199,7 +199,7 @@ async def policies_view(horde: Horde) -> PoliciesView:
         state = await read_state(session)
     applied = horde.policies  # read once: the view describes one object even if a swap follows
     kinds = []
-    for kind in KINDS:
+    for kind in PolicyKind:
         row = state.get(kind)
         kinds.append(
             KindView(
@@ -227,7 +227,7 @@ async def apply_changes(horde: Horde, failed: dict[str, int] | None = None) -> l
     built: dict[str, Any] = {}
     names, options, versions = dict(current.names), dict(current.options), dict(current.versions)
     switched: list[str] = []
-    for kind in KINDS:
+    for kind in PolicyKind:
         row = state.get(kind)
         if row is None or row.version == versions.get(kind, 0):
             continue
@@ -269,7 +269,7 @@ async def seed(horde: Horde) -> list[str]:
     seeded: list[str] = []
     async with horde.transaction() as session:
         state = await read_state(session)
-        for kind in KINDS:
+        for kind in PolicyKind:
             if kind in state:
                 continue
             name, options = getattr(chosen, kind), dict(chosen.options.get(kind, {}))
@@ -279,7 +279,8 @@ async def seed(horde: Horde) -> list[str]:
                 seeded.append(kind)
     for kind, row in state.items():
         wanted = (getattr(chosen, kind, None), chosen.options.get(kind, {}))
-        if kind in KINDS and (row.name, row.options) != wanted:
+        # A set: `str in PolicyKind` raises TypeError before Python 3.12.
+        if kind in set(PolicyKind) and (row.name, row.options) != wanted:
             log.warning(
                 "[policies] %s: the settings name %s %s but the database's policy in force is %s %s "
                 "(version %d); the database's applies. To switch every process to the settings' one: "
@@ -305,7 +306,7 @@ async def reload_settings_file(
         return []
     chosen = settings.policies
     results = []
-    for kind in KINDS:
+    for kind in PolicyKind:
         name, options = getattr(chosen, kind), dict(chosen.options.get(kind, {}))
         result = await switch(horde, kind, name, options, "sighup")
         if result.changed:

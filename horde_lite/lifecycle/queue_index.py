@@ -57,10 +57,10 @@ from horde_lite.lifecycle.eligibility import (
     built_once,
     capable_worker_online_for_entry,
     fast_enough,
-    gate_admits,
     refuses_by_name,
     refuses_owner,
     serves_models,
+    speed_gate_admits_sql,
 )
 from horde_lite.policies.protocols import GateSql
 
@@ -199,10 +199,10 @@ _STATEMENTS: dict[_Shape, Select[Any]] = {}
 def _gated(shape: _Shape, rules: Rules | None) -> bool:
     """Whether the page's walk applies the speed gate: a walk with the worker's limits, over the
     whole queue (it reads the request rows: the claim's own rule) or, under a gate that allows it
-    (`capable_monotone`, see SpeedGate), by model (the entries answer for plain requests only)."""
+    (`capable_worker_only_narrows`, see SpeedGate), by model (the entries answer for plain requests only)."""
     if rules is None or shape.chat is None:
         return False
-    return shape.models is None or getattr(rules.gate, "capable_monotone", False) is True
+    return shape.models is None or getattr(rules.gate, "capable_worker_only_narrows", False) is True
 
 
 def _statement(shape: _Shape, rules: Rules | None) -> Select[Any]:
@@ -231,7 +231,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
             where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
             where += [allow_list_admits(r, bindparam("worker_id")), _not_refused(r.id)]
             if gated is not None:
-                where.append(gate_admits(r, bindparam("capacity"), gated))
+                where.append(speed_gate_admits_sql(r, bindparam("capacity"), gated))
         # The models, read from the row: else a worker serving none of the head's models would page
         # through all of it, each row judged by the claim.
         where.append(serves_models(bindparam("worker_models", type_=JsonList), r))
@@ -246,7 +246,8 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
         fits.append(_not_refused(e.request_id))
     if gated is not None:
         # The speed gate, asked of the entry: its capable-worker question answers for plain
-        # entries only (false, "not known", for the rest), which a monotone gate turns into
+        # entries only (false, "not known", for the rest), which a gate that a capable worker only
+        # narrows turns into
         # admitting them; the claim asks the full question.
         sql = GateSql(
             is_chat=e.is_chat,
@@ -254,7 +255,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
             capacity=bindparam("capacity"),
             capable_worker_online=lambda: capable_worker_online_for_entry(e, gated),
         )
-        fits.append(gated.gate.text_wp_speed_gate_clause(sql))
+        fits.append(gated.gate.admits_sql(sql))
 
     def branch(i: int) -> Any:
         model = bindparam(f"walk_model_{i}")

@@ -11,10 +11,8 @@ from typing import Any, Protocol, runtime_checkable
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite.metrics import Metrics
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.settings import AllowanceSettings
-
-KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
-
 
 # --- speed gate --------------------------------------------------------------------------------
 
@@ -45,19 +43,30 @@ class GateSql:
 
 @runtime_checkable
 class SpeedGate(Protocol):
-    """Both halves of one offer rule; the contract test (horde_lite.testing.speed_gate_contract) proves
-    they agree on SQLite and PostgreSQL.
+    """One offer rule written twice: `admits` in Python, `admits_sql` as a WHERE clause. The contract
+    test (horde_lite.testing.speed_gate_contract) proves they agree on SQLite and PostgreSQL.
 
-    A gate may set a class attribute `capable_monotone = True` when it admits, with no capable
-    worker online, everything it admits with one (every built-in gate does; the contract test
-    checks it). The pop's walk then applies the gate's clause to the queue's entries with a
-    capable-worker question that may answer "no" where the full one says "yes" (an entry cannot
-    tell every rule), and skips in the index the entries it refuses. The walk over the whole
-    queue's order reads the requests and asks every gate's clause as the claim does."""
+    A gate may set a class attribute `capable_worker_only_narrows = True` when a capable worker
+    coming online can only narrow what it admits: it admits, with no capable worker online,
+    everything it admits with one (every built-in gate does; the contract test checks it). The
+    pop's walk then applies the gate's clause to the queue's entries with a capable-worker question
+    that may answer "no" where the full one says "yes" (an entry cannot tell every rule), and skips
+    in the index the entries it refuses. The walk over the whole queue's order reads the requests
+    and asks every gate's clause as the claim does."""
 
-    def can_generate_with_eligibility_inputs(self, inputs: GateInputs) -> bool: ...
+    def admits(self, inputs: GateInputs) -> bool: ...
 
-    def text_wp_speed_gate_clause(self, sql: GateSql) -> ColumnElement[bool]: ...
+    def admits_sql(self, sql: GateSql) -> ColumnElement[bool]: ...
+
+
+# The speed gate's former names, upstream's jargon: a gate still using one is refused at start-up
+# with the new name rather than with a bare "not a speed_gate policy" (or, for the attribute, a
+# silently slower walk).
+SPEED_GATE_RENAMED = {
+    "can_generate_with_eligibility_inputs": "admits",
+    "text_wp_speed_gate_clause": "admits_sql",
+    "capable_monotone": "capable_worker_only_narrows",
+}
 
 
 # --- allowance curve ---------------------------------------------------------------------------
@@ -128,8 +137,8 @@ class ShadowMetrics(Protocol):
     def on_pop(self, metrics: Metrics, pop: PopCheck) -> None: ...
 
 
-PROTOCOLS: dict[str, type[Any]] = {
-    "speed_gate": SpeedGate,
-    "allowance_curve": AllowanceCurve,
-    "shadow_metrics": ShadowMetrics,
+PROTOCOLS: dict[PolicyKind, type[Any]] = {
+    PolicyKind.SPEED_GATE: SpeedGate,
+    PolicyKind.ALLOWANCE_CURVE: AllowanceCurve,
+    PolicyKind.SHADOW_METRICS: ShadowMetrics,
 }

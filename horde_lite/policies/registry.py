@@ -8,7 +8,14 @@ from typing import Any
 
 import msgspec
 
-from horde_lite.policies.protocols import KINDS, PROTOCOLS, AllowanceCurve, ShadowMetrics, SpeedGate
+from horde_lite.policies.kinds import PolicyKind
+from horde_lite.policies.protocols import (
+    PROTOCOLS,
+    SPEED_GATE_RENAMED,
+    AllowanceCurve,
+    ShadowMetrics,
+    SpeedGate,
+)
 from horde_lite.settings import PoliciesSettings, SettingsError
 
 GROUP_PREFIX = "horde_lite."
@@ -18,15 +25,15 @@ class PolicyError(SettingsError):
     """A policy name or option that cannot be loaded; raised at start-up."""
 
 
-def group(kind: str) -> str:
+def group(kind: PolicyKind) -> str:
     return GROUP_PREFIX + kind
 
 
-def installed(kind: str) -> dict[str, EntryPoint]:
+def installed(kind: PolicyKind) -> dict[str, EntryPoint]:
     return {ep.name: ep for ep in entry_points(group=group(kind))}
 
 
-def _build(kind: str, name: str, options: dict[str, Any], setting: str | None = None) -> Any:
+def _build(kind: PolicyKind, name: str, options: dict[str, Any], setting: str | None = None) -> Any:
     """`setting`: the key that named it, when not `kind` itself (a candidate's)."""
     available = installed(kind)
     key = setting or kind
@@ -45,9 +52,23 @@ def _build(kind: str, name: str, options: dict[str, Any], setting: str | None = 
     except (msgspec.ValidationError, TypeError) as e:
         table = f"[policies.options.{setting}]" if setting else f"[policies.{kind}.options]"
         raise PolicyError(f"{table} for {name!r}: {e}") from e
+    if kind == PolicyKind.SPEED_GATE:
+        _refuse_former_names(policy, f"[policies] {key} = {name!r}: {available[name].value}")
     if not isinstance(policy, PROTOCOLS[kind]):
         raise PolicyError(f"[policies] {key} = {name!r}: {available[name].value} is not a {kind} policy")
     return policy
+
+
+def _refuse_former_names(gate: Any, what: str) -> None:
+    """A gate written for the speed gate's former names: say which to rename (the former method
+    names alone would fail the protocol check with no hint; the former attribute alone would
+    quietly turn off the walk's use of the gate)."""
+    stale = [old for old, new in SPEED_GATE_RENAMED.items() if hasattr(gate, old) and not hasattr(gate, new)]
+    if stale:
+        renames = ", ".join(f"{old} -> {SPEED_GATE_RENAMED[old]}" for old in stale)
+        raise PolicyError(
+            f"{what} uses the speed gate's former names; rename {renames} (docs/reference/policies.md)"
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,18 +87,21 @@ class Policies:
 
 
 def load_policies(settings: PoliciesSettings) -> Policies:
-    unknown = set(settings.options) - set(KINDS) - set(CANDIDATES)
+    unknown = set(settings.options) - set(PolicyKind) - set(CANDIDATES)
     if unknown:
         raise PolicyError(f"[policies] options for unknown policy kinds: {', '.join(sorted(unknown))}")
-    names = {kind: getattr(settings, kind) for kind in KINDS}
-    built = {kind: _build(kind, names[kind], settings.options.get(kind, {})) for kind in KINDS}
-    options = {kind: dict(settings.options.get(kind, {})) for kind in KINDS}
+    names: dict[str, str] = {kind: getattr(settings, kind) for kind in PolicyKind}
+    built = {kind: _build(kind, names[kind], settings.options.get(kind, {})) for kind in PolicyKind}
+    options = {kind: dict(settings.options.get(kind, {})) for kind in PolicyKind}
     candidates = _candidates(settings, names)
     return Policies(names=names, options=options, **built, **candidates)
 
 
 # A candidate setting and the kind of policy it names.
-CANDIDATES = {"candidate_speed_gate": "speed_gate", "candidate_allowance_curve": "allowance_curve"}
+CANDIDATES = {
+    "candidate_speed_gate": PolicyKind.SPEED_GATE,
+    "candidate_allowance_curve": PolicyKind.ALLOWANCE_CURVE,
+}
 
 
 def _candidates(settings: PoliciesSettings, names: dict[str, str]) -> dict[str, Any]:
@@ -94,15 +118,17 @@ def _candidates(settings: PoliciesSettings, names: dict[str, str]) -> dict[str, 
 
 def build(kind: str, name: str, options: dict[str, Any]) -> Any:
     """One policy, built exactly as start-up builds it (a switch validates with this)."""
-    if kind not in KINDS:
-        raise PolicyError(f"unknown policy kind {kind!r}; the kinds are: {', '.join(KINDS)}")
-    return _build(kind, name, options)
+    try:
+        known = PolicyKind(kind)
+    except ValueError:
+        raise PolicyError(f"unknown policy kind {kind!r}; the kinds are: {', '.join(PolicyKind)}") from None
+    return _build(known, name, options)
 
 
 def listing(settings: PoliciesSettings) -> list[tuple[str, str, str, bool]]:
     """(kind, name, distribution, selected) for every installed policy."""
     rows = []
-    for kind in KINDS:
+    for kind in PolicyKind:
         for name, ep in sorted(installed(kind).items()):
             dist = ep.dist.name if ep.dist is not None else "?"
             rows.append((kind, name, dist, getattr(settings, kind) == name))

@@ -1,12 +1,12 @@
 """The speed gate contract: prove a gate's SQL clause and its Python check agree.
 
-A speed gate supplies one offer rule twice (docs/reference/policies.md): `text_wp_speed_gate_clause`, which
-the pop query applies in its WHERE clause, and `can_generate_with_eligibility_inputs`, which the
-Python mirror of the eligibility check (`horde_lite.lifecycle.eligibility.is_eligible`) reads. If
-the two disagree, the pop hands out jobs the status route, the wait estimate and worker
-availability think impossible, or the other way round. This module checks them against each other
-on a real, migrated database, for fleets of workers and queues of requests generated with
-hypothesis, so a third-party gate can run exactly the test the built-in ones pass:
+A speed gate supplies one offer rule twice (docs/reference/policies.md): `admits_sql`, which the pop
+query applies in its WHERE clause, and `admits`, which the Python mirror of the eligibility check
+(`horde_lite.lifecycle.eligibility.is_eligible`) reads. If the two disagree, the pop hands out jobs
+the status route, the wait estimate and worker availability think impossible, or the other way
+round. This module checks them against each other on a real, migrated database, for fleets of
+workers and queues of requests generated with hypothesis, so a third-party gate can run exactly
+the test the built-in ones pass:
 
     from horde_lite.testing.speed_gate_contract import check_speed_gate
     from my_package.gate import MyGate
@@ -36,7 +36,7 @@ What it checks, for every (worker, request) pair of every generated example:
 4. the capable-worker question asked of the queue's entries (the pop's walk asks it there) never
    says yes where the request's says no, and for a plain chat request says yes on one of its
    entries exactly when the request's does;
-5. a gate that sets `capable_monotone` admits, with no capable worker online, everything it
+5. a gate that sets `capable_worker_only_narrows` admits, with no capable worker online, everything it
    admits with one.
 The generated fleets cover online and offline workers (at the 300 s boundary), maintenance and
 paused workers, measured and unmeasured speeds (capacities at and around request sizes), chat and
@@ -76,7 +76,7 @@ from horde_lite.lifecycle.eligibility import (
     eligibility_clauses,
     is_capable,
     is_eligible,
-    text_wp_speed_gate_clause,
+    speed_gate_admits_sql,
 )
 from horde_lite.lifecycle.workers import capacity_for
 from horde_lite.policies.protocols import GateInputs, SpeedGate
@@ -418,9 +418,9 @@ def _describe(example: Example, wid: str | None, rid: str, what: str, sql: bool,
     return "\n".join(line for line in lines if line)
 
 
-def python_gate_monotone(gate: SpeedGate, inputs: GateInputs) -> bool:
+def python_gate_only_narrowed(gate: SpeedGate, inputs: GateInputs) -> bool:
     """With no capable worker online the gate admits at least what it admits with one."""
-    admits = gate.can_generate_with_eligibility_inputs
+    admits = gate.admits
     return not admits(replace(inputs, capable_worker_online=True)) or bool(
         admits(replace(inputs, capable_worker_online=False))
     )
@@ -459,7 +459,7 @@ async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, 
                     )
 
             # 2. The gate alone, for every pair.
-            sql_gate = await _pairs(conn, text_wp_speed_gate_clause(_W, _R, rules))
+            sql_gate = await _pairs(conn, speed_gate_admits_sql(_R, _W.capacity, rules))
             # 3. The whole pop WHERE clause.
             sql_eligible = await _pairs(conn, *eligibility_clauses(_W, _R, rules))
             for w in fleet:
@@ -470,7 +470,7 @@ async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, 
                         capacity=w.capacity,
                         capable_worker_online=any(is_capable(c, r, rules) for c in fleet),
                     )
-                    python = bool(gate.can_generate_with_eligibility_inputs(inputs))
+                    python = bool(gate.admits(inputs))
                     sql = (w.id, rid) in sql_gate
                     if sql != python:
                         raise AssertionError(
@@ -481,10 +481,12 @@ async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, 
                     if sql != python:
                         raise AssertionError(_describe(example, w.id, rid, "eligible", sql, python))
                     # 5. A gate that lets the walk apply it admits more with no capable worker.
-                    if getattr(gate, "capable_monotone", False) is True and not python_gate_monotone(
-                        gate, inputs
-                    ):
-                        raise AssertionError(_describe(example, w.id, rid, "capable_monotone", False, True))
+                    if getattr(
+                        gate, "capable_worker_only_narrows", False
+                    ) is True and not python_gate_only_narrowed(gate, inputs):
+                        raise AssertionError(
+                            _describe(example, w.id, rid, "capable_worker_only_narrows", False, True)
+                        )
 
             # 4. The capable-worker question asked of the queue's entries (the walk's): never yes
             # where the request's is no, and, for a plain chat request, yes on one of its entries

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -68,5 +69,6 @@ def test_compose_runs_it_on_postgresql_as_documented() -> None:
 
 def test_the_image_gets_every_file_the_package_needs() -> None:
     copied = " ".join(_dockerfile()["COPY"])
-    for needed in ("pyproject.toml", "README.md", "litestar.toml", "horde_lite", "plugins"):
+    mapped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"]
+    for needed in ("pyproject.toml", "README.md", "litestar.toml", "horde_lite", *mapped.values()):
         assert needed in copied

@@ -29,9 +29,9 @@ from horde_lite.lifecycle.inputs import TextRequestInput
 from horde_lite.lifecycle.users import authenticate
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.settings import AllowanceSettings
-from plugins.allowance_estimated_wait import EstimatedWait
-from plugins.allowance_horde_queue import HordeQueue
-from plugins.allowance_jobs_per_thread import JobsPerThread
+from horde_lite_policies.allowance_estimated_wait import EstimatedWait
+from horde_lite_policies.allowance_horde_queue import HordeQueue
+from horde_lite_policies.allowance_jobs_per_thread import JobsPerThread
 from tests.conftest import make_settings
 from tests.support import prom
 from tests.support.horde import ANON, HordeClient, quote

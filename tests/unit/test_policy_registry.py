@@ -8,6 +8,7 @@ effect over HTTP."""
 from __future__ import annotations
 
 import importlib
+import re
 import sys
 import tomllib
 import uuid
@@ -25,9 +26,10 @@ import horde_lite
 from horde_lite import cli
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
-from horde_lite.policies.protocols import KINDS, AllowanceCurve, ShadowMetrics, SpeedGate
+from horde_lite.policies.kinds import PolicyKind
+from horde_lite.policies.protocols import PROTOCOLS, AllowanceCurve, ShadowMetrics, SpeedGate
 from horde_lite.policies.registry import PolicyError, installed, listing, load_policies
-from horde_lite.settings import load_settings
+from horde_lite.settings import PoliciesSettings, load_settings
 from horde_lite.testing.speed_gate_contract import check_speed_gate, speed_gate_contract
 from tests.conftest import make_settings
 from tests.support.horde import HordeClient
@@ -45,10 +47,10 @@ NOWHERE = "sqlite+aiosqlite:///does-not-matter.db"  # the factory loads policies
 # --- built-in names ----------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("kind", list(PolicyKind))
 def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
-    """Catches a stale install (entry points out of step with pyproject.toml) and a clash of the
-    top-level `plugins` package with another distribution's."""
+    """Catches a stale install (entry points out of step with pyproject.toml) and a built-in policy
+    loaded from anywhere but this repository's plugins/ folder, installed as `horde_lite_policies`."""
     found = installed(kind)
     assert BUILT_IN[kind] <= set(found)
     declared = tomllib.loads((PROJECT / "pyproject.toml").read_text())["project"]["entry-points"]
@@ -65,9 +67,15 @@ def test_built_in_policies_are_registered_by_this_project(kind: str) -> None:
         assert ep.dist is not None
         assert ep.dist.name == "horde-lite"
         policy_class = ep.load()
+        assert policy_class.__module__.startswith("horde_lite_policies."), ep.value
         source = Path(sys.modules[policy_class.__module__].__file__ or "").resolve()
         assert source.parent == PROJECT / "plugins", f"{ep.value} was imported from {source}"
         assert isinstance(policy_class(), PROTOCOL[kind])
+
+
+def _imports(path: Path, *packages: str) -> bool:
+    statement = re.compile(rf"\s*(import|from)\s+({'|'.join(packages)})(\.|\s|$)")
+    return any(statement.match(line) for line in path.read_text().splitlines())
 
 
 def test_the_core_never_imports_plugins_by_name() -> None:
@@ -75,12 +83,43 @@ def test_the_core_never_imports_plugins_by_name() -> None:
     offenders = [
         str(path.relative_to(PROJECT))
         for path in (PROJECT / "horde_lite").rglob("*.py")
-        if any(
-            line.lstrip().startswith(("import plugins", "from plugins"))
-            for line in path.read_text().splitlines()
-        )
+        if _imports(path, "plugins", "horde_lite_policies")
     ]
     assert offenders == []
+
+
+def test_nothing_imports_the_folder_by_its_name_in_the_repository() -> None:
+    """From the repository's root the plugins/ folder is importable as `plugins` (the current
+    directory is on sys.path); an import by that name would load a second copy of each policy
+    that no installed copy of the project has."""
+    offenders = [
+        str(path.relative_to(PROJECT))
+        for folder in ("horde_lite", "plugins", "tests", "bench", "scripts")
+        for path in (PROJECT / folder).rglob("*.py")
+        if _imports(path, "plugins")
+    ]
+    assert offenders == []
+    loaded = [name for name in sys.modules if name == "plugins" or name.startswith("plugins.")]
+    assert loaded == [], "imported as `plugins`: entry points of a stale install? reinstall horde-lite"
+
+
+def test_the_wheel_lists_every_package() -> None:
+    """pyproject.toml lists the packages (plugins/ is mapped to `horde_lite_policies`, which `find`
+    cannot do): a new horde_lite package missing from the list would be missing from the wheel."""
+    setuptools = tomllib.loads((PROJECT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {
+        ".".join(init.parent.relative_to(PROJECT).parts)
+        for init in (PROJECT / "horde_lite").rglob("__init__.py")
+    }
+    assert set(setuptools["packages"]) == on_disk | {"horde_lite_policies"}
+    assert setuptools["package-dir"] == {"horde_lite_policies": "plugins"}
+
+
+def test_the_kinds_are_the_configuration_and_database_values() -> None:
+    """PolicyKind's values are what operators write and the database keeps: never renamed."""
+    assert [kind.value for kind in PolicyKind] == ["speed_gate", "allowance_curve", "shadow_metrics"]
+    assert set(PROTOCOLS) == set(PolicyKind)
+    assert all(hasattr(PoliciesSettings(), kind) for kind in PolicyKind)
 
 
 # --- selection from settings -------------------------------------------------------------------
@@ -177,15 +216,31 @@ from sqlalchemy import false, true
 class RefuseAll(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     refuse: bool = True
 
-    def can_generate_with_eligibility_inputs(self, inputs):
+    def admits(self, inputs):
         return not self.refuse
 
-    def text_wp_speed_gate_clause(self, sql):
+    def admits_sql(self, sql):
         return false() if self.refuse else true()
 
 
 class NotAGate:
     pass
+
+
+class FormerNames:
+    """Written for the speed gate's former names."""
+
+    capable_monotone = True
+
+    def can_generate_with_eligibility_inputs(self, inputs):
+        return True
+
+    def text_wp_speed_gate_clause(self, sql):
+        return true()
+
+
+class FormerAttribute(RefuseAll, frozen=True):
+    capable_monotone = True
 '''
 
 
@@ -196,6 +251,8 @@ class ThirdParty:
     gate: str  # entry point name of the working gate
     not_a_gate: str
     broken: str
+    former_names: str  # the speed gate's former method and attribute names
+    former_attribute: str  # the new methods, the former attribute
 
 
 def install_distribution(
@@ -219,7 +276,15 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Thi
     point that does not import. Unique names per test: importlib caches modules by name."""
     tag = uuid.uuid4().hex[:8]
     module, dist = f"hl_third_party_{tag}", f"hl-third-party-{tag}"
-    names = ThirdParty(dist, module, f"refuse_all_{tag}", f"not_a_gate_{tag}", f"broken_{tag}")
+    names = ThirdParty(
+        dist,
+        module,
+        f"refuse_all_{tag}",
+        f"not_a_gate_{tag}",
+        f"broken_{tag}",
+        f"former_names_{tag}",
+        f"former_attribute_{tag}",
+    )
     install_distribution(
         tmp_path / "site-packages",
         monkeypatch,
@@ -229,7 +294,9 @@ def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Thi
         "[horde_lite.speed_gate]\n"
         f"{names.gate} = {module}:RefuseAll\n"
         f"{names.not_a_gate} = {module}:NotAGate\n"
-        f"{names.broken} = {module}_missing:Gate\n",
+        f"{names.broken} = {module}_missing:Gate\n"
+        f"{names.former_names} = {module}:FormerNames\n"
+        f"{names.former_attribute} = {module}:FormerAttribute\n",
     )
     yield names
     sys.modules.pop(module, None)
@@ -257,6 +324,28 @@ def test_a_third_party_entry_point_that_is_not_a_gate_or_does_not_load_is_named(
             load_policies(settings.policies)
         assert name in str(info.value)
         assert says in str(info.value)
+
+
+def test_a_gate_with_the_speed_gates_former_names_is_told_the_new_ones(third_party: ThirdParty) -> None:
+    for name, renames in (
+        (
+            third_party.former_names,
+            [
+                "can_generate_with_eligibility_inputs -> admits",
+                "text_wp_speed_gate_clause -> admits_sql",
+                "capable_monotone -> capable_worker_only_narrows",
+            ],
+        ),
+        (third_party.former_attribute, ["capable_monotone -> capable_worker_only_narrows"]),
+    ):
+        settings = make_settings(NOWHERE, policies={"speed_gate": name})
+        with pytest.raises(PolicyError) as info:
+            load_policies(settings.policies)
+        assert name in str(info.value)
+        assert "former names" in str(info.value)
+        for rename in renames:
+            assert rename in str(info.value)
+    assert "admits_sql" not in str(info.value)
 
 
 @pytest.fixture

@@ -125,10 +125,10 @@ def test_the_contract_catches_a_gate_whose_halves_disagree(db_url: str) -> None:
     """The contract is not vacuous: a gate whose SQL forgets the capable-worker clause fails it."""
     from sqlalchemy import not_, or_
 
-    from plugins.speed_gate_prefer_capable import PreferCapable
+    from horde_lite_policies.speed_gate_prefer_capable import PreferCapable
 
     class Lopsided(PreferCapable, frozen=True):
-        def text_wp_speed_gate_clause(self, sql: Any) -> Any:
+        def admits_sql(self, sql: Any) -> Any:
             return or_(not_(sql.is_chat), sql.max_length <= sql.capacity)
 
     with pytest.raises(AssertionError, match="speed gate"):
