@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from advanced_alchemy.alembic.commands import AlembicCommands
 from advanced_alchemy.config import AlembicAsyncConfig, SQLAlchemyAsyncConfig
-from sqlalchemy import text
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 
-from horde_lite.db.engine import make_engine
+from horde_lite.db.engine import connect_to_read, make_engine
+
+if TYPE_CHECKING:
+    from sqlalchemy.engine import Connection
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "horde_lite_alembic_version"
@@ -38,26 +43,26 @@ def revision(url: str, message: str) -> None:
 
 
 def heads() -> set[str]:
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    return set(ScriptDirectory.from_config(cfg).get_heads())
+    """The code's newest revisions (one, while the history stays linear)."""
+    return set(ScriptDirectory(str(MIGRATIONS)).get_heads())
 
 
 async def current(url: str) -> str | None:
-    """The database's applied revision, or None for a fresh database."""
-    engine = make_engine(url)
+    """The database's applied revision, or None for a fresh database (no version table yet). Read
+    by Alembic's MigrationContext outside any transaction, so on SQLite the check takes no write
+    lock and waits for no writer."""
+    engine = make_engine(url, null_pool=True)
     try:
-        async with engine.connect() as conn:
-            try:
-                row = (await conn.execute(text(f"SELECT version_num FROM {VERSION_TABLE}"))).first()
-            except Exception:
-                return None
-            return row[0] if row else None
+        async with connect_to_read(engine) as conn:
+            applied = await conn.run_sync(_applied)
     finally:
         await engine.dispose()
+    return applied[0] if applied else None
+
+
+def _applied(connection: Connection) -> tuple[str, ...]:
+    context = MigrationContext.configure(connection, opts={"version_table": VERSION_TABLE})
+    return context.get_current_heads()
 
 
 def is_behind(url: str) -> bool:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from advanced_alchemy.base import DefaultBase
+from advanced_alchemy.types import BigIntIdentity
 from sqlalchemy import (
     BigInteger,
     Boolean,
@@ -12,29 +14,23 @@ from sqlalchemy import (
     ForeignKey,
     Index,
     Integer,
-    MetaData,
     String,
     Text,
     false,
     true,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import Mapped, mapped_column
 
 from horde_lite.db.sqltypes import JsonDoc, JsonList
-
-NAMING = {
-    "ix": "ix_%(column_0_label)s",
-    "uq": "uq_%(table_name)s_%(column_0_name)s",
-    "ck": "ck_%(table_name)s_%(constraint_name)s",
-    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
-    "pk": "pk_%(table_name)s",
-}
 
 ID = String(36)  # canonical dashed lowercase UUID4
 
 
-class Base(DeclarativeBase):
-    metadata = MetaData(naming_convention=NAMING)
+class Base(DefaultBase):
+    """advanced-alchemy's declarative base: its registry's metadata names constraints and indexes
+    by its convention (`advanced_alchemy.base.convention`, the names the migrations use)."""
+
+    __abstract__ = True
 
 
 class User(Base):
@@ -75,7 +71,7 @@ class KudosEvent(Base):
 
     __tablename__ = "kudos_events"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(BigIntIdentity, primary_key=True)
     user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
     amount: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))
@@ -388,7 +384,7 @@ class CandidateRecord(Base):
     __tablename__ = "candidate_records"
     __table_args__ = (Index("ix_candidate_records_at", "at"),)
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(BigIntIdentity, primary_key=True)
     at: Mapped[float] = mapped_column(Float)
     kind: Mapped[str] = mapped_column(String(32))  # speed_gate | allowance_curve
     candidate: Mapped[str] = mapped_column(String(64))
@@ -412,7 +408,7 @@ class AdmissionRecord(Base):
     __tablename__ = "admission_records"
     __table_args__ = (Index("ix_admission_records_at", "at"),)
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(BigIntIdentity, primary_key=True)
     at: Mapped[float] = mapped_column(Float)
     request_id: Mapped[str | None] = mapped_column(ID, nullable=True)  # None: refused
     requester_kind: Mapped[str] = mapped_column(String(16))
@@ -452,7 +448,7 @@ class PolicyChange(Base):
 
     __tablename__ = "policy_changes"
 
-    id: Mapped[int] = mapped_column(BigInteger().with_variant(Integer, "sqlite"), primary_key=True)
+    id: Mapped[int] = mapped_column(BigIntIdentity, primary_key=True)
     at: Mapped[float] = mapped_column(Float, index=True)
     kind: Mapped[str] = mapped_column(String(32))
     old_name: Mapped[str | None] = mapped_column(String(64), nullable=True)
