@@ -9,8 +9,6 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class EnforceAll(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_worker_only_narrows = True  # see SpeedGate
-
     def admits(self, inputs: GateInputs) -> bool:
         return inputs.max_length <= inputs.capacity
 

@@ -11,8 +11,6 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class EnforceChat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_worker_only_narrows = True  # see SpeedGate
-
     def admits(self, inputs: GateInputs) -> bool:
         return not inputs.is_chat or inputs.max_length <= inputs.capacity
 

@@ -10,8 +10,6 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class GateOff(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_worker_only_narrows = True  # see SpeedGate
-
     def admits(self, inputs: GateInputs) -> bool:
         return True
 

@@ -11,8 +11,6 @@ from horde_lite.policies.protocols import GateInputs, GateSql
 
 
 class PreferCapable(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    capable_worker_only_narrows = True  # see SpeedGate
-
     def admits(self, inputs: GateInputs) -> bool:
         if not inputs.is_chat or inputs.max_length <= inputs.capacity:
             return True

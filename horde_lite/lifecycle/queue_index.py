@@ -197,12 +197,10 @@ _STATEMENTS: dict[_Shape, Select[Any]] = {}
 
 
 def _gated(shape: _Shape, rules: Rules | None) -> bool:
-    """Whether the page's walk applies the speed gate: a walk with the worker's limits, over the
-    whole queue (it reads the request rows: the claim's own rule) or, under a gate that allows it
-    (`capable_worker_only_narrows`, see SpeedGate), by model (the entries answer for plain requests only)."""
-    if rules is None or shape.chat is None:
-        return False
-    return shape.models is None or getattr(rules.gate, "capable_worker_only_narrows", False) is True
+    """Whether the page's walk applies the speed gate: every walk with the worker's limits, over
+    the whole queue (it reads the request rows: the claim's own rule) or by model (asked of the
+    entries, see `_gate_on_entries`)."""
+    return rules is not None and shape.chat is not None
 
 
 def _statement(shape: _Shape, rules: Rules | None) -> Select[Any]:
@@ -216,6 +214,24 @@ def _statement(shape: _Shape, rules: Rules | None) -> Select[Any]:
     if built is None:
         built = _STATEMENTS[shape] = _build(shape, None)
     return built
+
+
+def _gate_on_entries(e: Any, rules: Rules) -> ColumnElement[bool]:
+    """The speed gate asked of an entry. The entry answers the capable-worker question exactly for
+    a plain chat entry only (`capable_worker_online_for_entry`); for the rest the walk admits what
+    the gate admits under either answer, leaving the full question to the claim. So the walk never
+    skips an entry the claim would take, whatever the gate, and a gate is written once per form."""
+
+    def asked(capable: Any) -> ColumnElement[bool]:
+        gate = GateSql(
+            is_chat=e.is_chat, max_length=e.need_length, capacity=bindparam("capacity"),
+            capable_worker_online=lambda: capable,
+        )  # fmt: skip
+        return rules.gate.admits_sql(gate)
+
+    # Where the entry cannot tell, its question answers "no": with "yes" too, both answers count.
+    known = and_(e.plain, e.is_chat)
+    return or_(asked(capable_worker_online_for_entry(e, rules)), and_(not_(known), asked(true())))
 
 
 def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
@@ -245,17 +261,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
         fits += [*_chooses(e.nsfw, e.trusted_workers, e.slow_workers), _targets_worker(e.target)]
         fits.append(_not_refused(e.request_id))
     if gated is not None:
-        # The speed gate, asked of the entry: its capable-worker question answers for plain
-        # entries only (false, "not known", for the rest), which a gate that a capable worker only
-        # narrows turns into
-        # admitting them; the claim asks the full question.
-        sql = GateSql(
-            is_chat=e.is_chat,
-            max_length=e.need_length,
-            capacity=bindparam("capacity"),
-            capable_worker_online=lambda: capable_worker_online_for_entry(e, gated),
-        )
-        fits.append(gated.gate.admits_sql(sql))
+        fits.append(_gate_on_entries(e, gated))
 
     def branch(i: int) -> Any:
         model = bindparam(f"walk_model_{i}")

@@ -46,13 +46,9 @@ class SpeedGate(Protocol):
     """One offer rule written twice: `admits` in Python, `admits_sql` as a WHERE clause. The contract
     test (horde_lite.testing.speed_gate_contract) proves they agree on SQLite and PostgreSQL.
 
-    A gate may set a class attribute `capable_worker_only_narrows = True` when a capable worker
-    coming online can only narrow what it admits: it admits, with no capable worker online,
-    everything it admits with one (every built-in gate does; the contract test checks it). The
-    pop's walk then applies the gate's clause to the queue's entries with a capable-worker question
-    that may answer "no" where the full one says "yes" (an entry cannot tell every rule), and skips
-    in the index the entries it refuses. The walk over the whole queue's order reads the requests
-    and asks every gate's clause as the claim does."""
+    That is all a gate writes. The pop's walk asks `admits_sql` of the queue's entries too: where
+    an entry cannot tell whether a capable worker is online, it admits what the gate admits under
+    either answer, so the walk never skips an entry the claim would take, whatever the gate."""
 
     def admits(self, inputs: GateInputs) -> bool: ...
 
@@ -60,12 +56,11 @@ class SpeedGate(Protocol):
 
 
 # The speed gate's former names, upstream's jargon: a gate still using one is refused at start-up
-# with the new name rather than with a bare "not a speed_gate policy" (or, for the attribute, a
-# silently slower walk).
+# with the new name rather than with a bare "not a speed_gate policy". (A former class attribute,
+# `capable_monotone`, is no longer read: a gate that sets it loads as any other.)
 SPEED_GATE_RENAMED = {
     "can_generate_with_eligibility_inputs": "admits",
     "text_wp_speed_gate_clause": "admits_sql",
-    "capable_monotone": "capable_worker_only_narrows",
 }
 
 

@@ -35,9 +35,7 @@ What it checks, for every (worker, request) pair of every generated example:
    and request rows) and `is_eligible` agree;
 4. the capable-worker question asked of the queue's entries (the pop's walk asks it there) never
    says yes where the request's says no, and for a plain chat request says yes on one of its
-   entries exactly when the request's does;
-5. a gate that sets `capable_worker_only_narrows` admits, with no capable worker online, everything it
-   admits with one.
+   entries exactly when the request's does.
 The generated fleets cover online and offline workers (at the 300 s boundary), maintenance and
 paused workers, measured and unmeasured speeds (capacities at and around request sizes), chat and
 legacy workers with every subset of features and image transports, and chat and legacy requests
@@ -418,14 +416,6 @@ def _describe(example: Example, wid: str | None, rid: str, what: str, sql: bool,
     return "\n".join(line for line in lines if line)
 
 
-def python_gate_only_narrowed(gate: SpeedGate, inputs: GateInputs) -> bool:
-    """With no capable worker online the gate admits at least what it admits with one."""
-    admits = gate.admits
-    return not admits(replace(inputs, capable_worker_online=True)) or bool(
-        admits(replace(inputs, capable_worker_online=False))
-    )
-
-
 async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, rules: Rules) -> None:
     """Write one example in a transaction, compare every pair, roll back. Raises AssertionError."""
     example = Example(
@@ -480,13 +470,6 @@ async def check_example(engine: AsyncEngine, gate: SpeedGate, example: Example, 
                     sql = (w.id, rid) in sql_eligible
                     if sql != python:
                         raise AssertionError(_describe(example, w.id, rid, "eligible", sql, python))
-                    # 5. A gate that lets the walk apply it admits more with no capable worker.
-                    if getattr(
-                        gate, "capable_worker_only_narrows", False
-                    ) is True and not python_gate_only_narrowed(gate, inputs):
-                        raise AssertionError(
-                            _describe(example, w.id, rid, "capable_worker_only_narrows", False, True)
-                        )
 
             # 4. The capable-worker question asked of the queue's entries (the walk's): never yes
             # where the request's is no, and, for a plain chat request, yes on one of its entries
