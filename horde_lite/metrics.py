@@ -38,6 +38,8 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES, AdmissionOutcome
+
 __all__ = [
     "ALLOWANCE_OUTCOMES",
     "ANY_MODEL",
@@ -99,12 +101,12 @@ SECONDS_BUCKETS: Final[tuple[float, ...]] = (
 
 SizeBucket = Literal["<=512", "513-1024", "1025-2048", "2049-4096", ">4096"]
 ShadowOutcome = Literal["completed", "faulted", "aborted"]
-AllowanceOutcome = Literal["free", "funded", "refused", "downgraded"]
+AllowanceOutcome = AdmissionOutcome
 RequesterKind = Literal["anonymous", "registered", "shared_key"]
 
 SIZE_BUCKETS: Final[tuple[SizeBucket, ...]] = get_args(SizeBucket)
 SHADOW_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(ShadowOutcome))
-ALLOWANCE_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(AllowanceOutcome))
+ALLOWANCE_OUTCOMES: Final[frozenset[str]] = frozenset(ADMISSION_OUTCOMES)
 REQUESTER_KINDS: Final[frozenset[str]] = frozenset(get_args(RequesterKind))
 
 Attributes = dict[str, str | bool]
@@ -167,7 +169,7 @@ def allowance_attributes(
     _check(outcome, ALLOWANCE_OUTCOMES, "allowance outcome")
     return {
         _REQUESTER: requester,
-        _OUTCOME: outcome,
+        _OUTCOME: str(outcome),  # the value, not the enum member
         _REQUESTED_BUCKET: size_bucket(requested),
         _ALLOWANCE_BUCKET: size_bucket(allowance),
         _CHAT: chat,

@@ -5,7 +5,7 @@ whether a capable worker was online when it was over capacity, and how the job e
 admission decision an admission record (what the allowance curve read and what the outcome rule
 read). Those records outlive their requests, so any installed speed gate or allowance curve can be
 judged over them: the gate by its Python half, the curve by its `allowance`, the outcome by the
-same pure function admission uses (`admission.outcome_for`). The report functions are pure over
+same pure function admission uses (`admission_rule.outcome_for`). The report functions are pure over
 the records and return typed reports; `render_*` turns them into the command's text.
 """
 
@@ -21,13 +21,13 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import AdmissionRecord, AssignmentRecord
-from horde_lite.lifecycle.admission import outcome_for
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES, outcome_for
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.protocols import AllowanceCurve, AllowanceInputs, GateInputs, SpeedGate
 from horde_lite.policies.registry import build
 from horde_lite.settings import AllowanceSettings
 
-OUTCOMES = ("free", "funded", "downgraded", "refused")
+OUTCOMES = ADMISSION_OUTCOMES
 
 # --- time ------------------------------------------------------------------------------------------
 

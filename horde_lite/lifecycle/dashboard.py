@@ -30,6 +30,7 @@ from horde_lite.db.models import (
     Worker,
 )
 from horde_lite.lifecycle import policy_state
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES
 from horde_lite.lifecycle.context import Horde
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.users import authenticate_user, is_anonymous_key
@@ -50,7 +51,6 @@ BIN_WIDTHS = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 BUCKET_EDGES = (512, 1024, 2048, 4096)
 BUCKETS = list(SIZE_BUCKETS)
 OUTCOMES = ("completed", "faulted", "aborted", "cancelled", "running")
-ADMISSION_OUTCOMES = ("free", "funded", "downgraded", "refused")
 KINDS = ("speed_gate", "allowance_curve", "shadow_metrics")
 
 

@@ -44,6 +44,7 @@ from sqlalchemy.orm import aliased
 from horde_lite.db.models import Generation, TextRequest, Worker
 from horde_lite.lifecycle import admission
 from horde_lite.lifecycle import status as status_rules
+from horde_lite.lifecycle.admission_rule import AdmissionOutcome
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses
 from horde_lite.lifecycle.errors import HordeError
@@ -142,7 +143,7 @@ async def queue(
         model=model,
         created_at=result.created_at,
         stream=stream,
-        kudos=result.kudos if result.outcome == "funded" else 0.0,
+        kudos=result.kudos if result.outcome is AdmissionOutcome.FUNDED else 0.0,
         max_tokens=result.max_length,
         prompt_tokens=spec.prompt_tokens if prompt_tokens is None else prompt_tokens,
         context_adjustments=list(result.context_adjustments),
@@ -317,7 +318,7 @@ class Waiter:
         if check_eligible and unassigned:
             snap.eligible = await eligible_worker_count(session, horde, request_id, now)
             if snap.eligible == 0:
-                snap.gap = await admission.declaration_gap(session, horde, self.request.spec, now)
+                snap.gap = await admission.declaration_gap(session, horde.in_force(), self.request.spec, now)
         return snap
 
     async def _fail(self, error: HordeError) -> HordeError:
