@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -411,8 +412,11 @@ class Metrics:
             description="Time from text request creation to each of its assignments.",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
+        self._operational(meter)
 
-        # Operational instruments (the scrape-time gauges are not instruments: see `ops_families`).
+    def _operational(self, meter: Meter) -> None:
+        """The operational instruments (the scrape-time gauges are not instruments: see
+        `ops_families`)."""
         self.jobs = meter.create_counter("horde.text.jobs", unit="{job}", description=_JOBS_HELP)
         for event in JOB_EVENTS:  # every fixed label set present, at 0, from start-up
             for chat in (False, True):

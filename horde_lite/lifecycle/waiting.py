@@ -326,6 +326,24 @@ class Waiter:
         log.info("front request failed request=%s rc=%s", self.request.request_id, error.rc)
         return error
 
+    async def _follow(self, snap: _Snapshot, now: float) -> None:
+        """A job followed whose generation ended without a result (its lease lapsed or it faulted)
+        fails the call once part of its answer was streamed; otherwise the request waits again."""
+        current = snap.processing.id if snap.processing is not None else None
+        if self.following is None or current == self.following:
+            return
+        if self.streamed:
+            raise await self._fail(
+                HordeError(
+                    "WorkerFailed",
+                    "The worker stopped after part of the answer was streamed (its lease lapsed or "
+                    "it reported a fault); the request was cancelled.",
+                )
+            )
+        log.info("front job restarted silently request=%s", self.request.request_id)
+        self.following = None
+        self.queued_since = now
+
     async def _step(self) -> _Snapshot:
         """One read: apply the waiting rules (raises HordeError) and note the next deadline."""
         settings = self.horde.settings.chat
@@ -341,20 +359,7 @@ class Waiter:
             )
         if snap.finished is not None:
             return snap
-        current = snap.processing.id if snap.processing is not None else None
-        if self.following is not None and current != self.following:
-            # The job's generation ended without a result: its lease lapsed or it faulted.
-            if self.streamed:
-                raise await self._fail(
-                    HordeError(
-                        "WorkerFailed",
-                        "The worker stopped after part of the answer was streamed (its lease lapsed or "
-                        "it reported a fault); the request was cancelled.",
-                    )
-                )
-            log.info("front job restarted silently request=%s", self.request.request_id)
-            self.following = None
-            self.queued_since = now
+        await self._follow(snap, now)
         if snap.state == "faulted":
             raise HordeError(
                 "WorkerFailed",
