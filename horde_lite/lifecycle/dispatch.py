@@ -291,14 +291,14 @@ async def pop(
         set_committed_value(request, "expires_at", expires)
         if taken.leaves_queue:  # all its jobs are out: no walk needs to pass it until one comes back
             await queue_index.leave(session, request.id)
-    job = _job(in_force.settings, request, worker, taken, now)
+    job = _job(in_force.settings, request, worker, taken)
     await conn.execute(insert(Generation), _generations(job, worker, taken, now))
     if taken.records:
         await _record_claim(session, horde, in_force, worker, job, taken, capable, now)
     return worker, job
 
 
-def _job(settings: Settings, request: TextRequest, worker: Worker, taken: Take, now: float) -> Job:
+def _job(settings: Settings, request: TextRequest, worker: Worker, taken: Take) -> Job:
     """The job as handed out: a generation id per job taken, the model it runs and its lease."""
     generation_ids = [str(uuid.uuid4()) for _ in range(taken.count)]
     speed = effective_speed(worker.lease_speed, settings)
