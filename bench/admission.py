@@ -304,7 +304,9 @@ async def create_one(horde: Horde, rng: random.Random, fixture: Fixture) -> tupl
                         if "tools" in shape["features"] else {})},
                     ChatPayload,
                 )  # fmt: skip
-                spec = await admission.chat_spec(session, horde, requester, payload, models=shape["models"])
+                spec = await admission.chat_spec(
+                    session, horde, horde.in_force(), requester, payload, models=shape["models"]
+                )
             else:
                 body = TextRequestInput(
                     prompt="Once upon a time",

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Final, Literal, get_args
 
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.metrics import Meter
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.resources import Resource
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -37,6 +38,8 @@ from prometheus_client.metrics_core import (
     HistogramMetricFamily,
     Metric,
 )
+
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES, AdmissionOutcome
 
 __all__ = [
     "ALLOWANCE_OUTCOMES",
@@ -99,12 +102,12 @@ SECONDS_BUCKETS: Final[tuple[float, ...]] = (
 
 SizeBucket = Literal["<=512", "513-1024", "1025-2048", "2049-4096", ">4096"]
 ShadowOutcome = Literal["completed", "faulted", "aborted"]
-AllowanceOutcome = Literal["free", "funded", "refused", "downgraded"]
+AllowanceOutcome = AdmissionOutcome
 RequesterKind = Literal["anonymous", "registered", "shared_key"]
 
 SIZE_BUCKETS: Final[tuple[SizeBucket, ...]] = get_args(SizeBucket)
 SHADOW_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(ShadowOutcome))
-ALLOWANCE_OUTCOMES: Final[frozenset[str]] = frozenset(get_args(AllowanceOutcome))
+ALLOWANCE_OUTCOMES: Final[frozenset[str]] = frozenset(ADMISSION_OUTCOMES)
 REQUESTER_KINDS: Final[frozenset[str]] = frozenset(get_args(RequesterKind))
 
 Attributes = dict[str, str | bool]
@@ -167,7 +170,7 @@ def allowance_attributes(
     _check(outcome, ALLOWANCE_OUTCOMES, "allowance outcome")
     return {
         _REQUESTER: requester,
-        _OUTCOME: outcome,
+        _OUTCOME: str(outcome),  # the value, not the enum member
         _REQUESTED_BUCKET: size_bucket(requested),
         _ALLOWANCE_BUCKET: size_bucket(allowance),
         _CHAT: chat,
@@ -409,8 +412,11 @@ class Metrics:
             description="Time from text request creation to each of its assignments.",
             explicit_bucket_boundaries_advisory=SECONDS_BUCKETS,
         )
+        self._operational(meter)
 
-        # Operational instruments (the scrape-time gauges are not instruments: see `ops_families`).
+    def _operational(self, meter: Meter) -> None:
+        """The operational instruments (the scrape-time gauges are not instruments: see
+        `ops_families`)."""
         self.jobs = meter.create_counter("horde.text.jobs", unit="{job}", description=_JOBS_HELP)
         for event in JOB_EVENTS:  # every fixed label set present, at 0, from start-up
             for chat in (False, True):

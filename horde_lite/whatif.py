@@ -5,7 +5,7 @@ whether a capable worker was online when it was over capacity, and how the job e
 admission decision an admission record (what the allowance curve read and what the outcome rule
 read). Those records outlive their requests, so any installed speed gate or allowance curve can be
 judged over them: the gate by its Python half, the curve by its `allowance`, the outcome by the
-same pure function admission uses (`admission.outcome_for`). The report functions are pure over
+same pure function admission uses (`admission_rule.outcome_for`). The report functions are pure over
 the records and return typed reports; `render_*` turns them into the command's text.
 """
 
@@ -21,14 +21,14 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import AdmissionRecord, AssignmentRecord
-from horde_lite.lifecycle.admission import outcome_for
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES, outcome_for
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceCurve, AllowanceInputs, GateInputs, SpeedGate
 from horde_lite.policies.registry import build
 from horde_lite.settings import AllowanceSettings
 
-OUTCOMES = ("free", "funded", "downgraded", "refused")
+OUTCOMES = ADMISSION_OUTCOMES
 
 # --- time ------------------------------------------------------------------------------------------
 
@@ -151,24 +151,7 @@ def speed_gate_report(
             continue
         if not verdict:
             continue
-        cell.refused += 1
-        if record.capable_online is None:
-            cell.capable_unknown += 1
-        elif record.capable_online:
-            cell.moved += 1
-        else:
-            cell.no_eligible_worker += 1
-        ran = (record.ended_at - record.at) if record.ended_at is not None else 0.0
-        if record.outcome == "aborted":
-            cell.aborts_avoided += 1
-            cell.aborted_lease_seconds += ran
-        elif record.outcome == "faulted":
-            cell.faulted += 1
-        elif record.outcome == "completed":
-            cell.completed += 1
-            cell.service_seconds += ran
-        else:
-            cell.running += 1
+        _count_refused(cell, record)
     order = {bucket: i for i, bucket in enumerate(SIZE_BUCKETS)}
     ordered = sorted(cells.values(), key=lambda c: (c.day, order[c.size_bucket], c.trusted))
     total = GateCell("total", "all", False)
@@ -195,6 +178,29 @@ def speed_gate_report(
         total=total,
         unknowns=unknowns,
     )
+
+
+def _count_refused(cell: GateCell, record: AssignmentRecord) -> None:
+    """Count in `cell` an assignment the gate would have refused: where it would have gone and
+    what its job cost."""
+    cell.refused += 1
+    if record.capable_online is None:
+        cell.capable_unknown += 1
+    elif record.capable_online:
+        cell.moved += 1
+    else:
+        cell.no_eligible_worker += 1
+    ran = (record.ended_at - record.at) if record.ended_at is not None else 0.0
+    if record.outcome == "aborted":
+        cell.aborts_avoided += 1
+        cell.aborted_lease_seconds += ran
+    elif record.outcome == "faulted":
+        cell.faulted += 1
+    elif record.outcome == "completed":
+        cell.completed += 1
+        cell.service_seconds += ran
+    else:
+        cell.running += 1
 
 
 async def speed_gate_whatif(
@@ -316,42 +322,7 @@ def allowance_report(
     for record in records:
         in_force.add(record.allowance_curve)
         day = days.setdefault(day_of(record.at), AllowanceDay(day_of(record.at)))
-        day.decisions += 1
-        day.in_force[record.outcome] = day.in_force.get(record.outcome, 0) + 1
-        totals_missing = record.online_text_threads is None or record.queued_text_requests is None
-        if reads_totals and totals_missing:
-            day.unknown += 1
-            day.unknown_totals += 1
-            continue
-        allowance = curve.allowance(
-            AllowanceInputs(
-                estimated_wait_seconds=record.estimated_wait,
-                competing_jobs=record.competing_jobs,
-                eligible_threads=record.eligible_threads,
-                online_text_threads=record.online_text_threads or 0,
-                queued_text_requests=record.queued_text_requests or 0,
-                settings=settings,
-            )
-        )
-        outcome = outcome_for(
-            record.requested_max_length,
-            record.n,
-            allowance,
-            record.slow_workers,
-            record.downgrade_allowed,
-            record.can_fund,
-        )
-        if outcome is None:
-            day.unknown += 1
-            day.unknown_funds += 1
-            continue
-        day.would_be[outcome] += 1
-        day.allowance_lower += allowance < record.allowance
-        day.allowance_higher += allowance > record.allowance
-        if outcome != record.outcome:
-            day.changed += 1
-            move = f"{record.outcome} -> {outcome}"
-            day.transitions[move] = day.transitions.get(move, 0) + 1
+        _rejudge(day, record, curve, reads_totals, settings)
     ordered = [days[d] for d in sorted(days)]
     total = AllowanceDay("total")
     for day in ordered:
@@ -365,6 +336,52 @@ def allowance_report(
         days=ordered,
         total=total,
     )
+
+
+def _rejudge(
+    day: AllowanceDay,
+    record: AdmissionRecord,
+    curve: AllowanceCurve,
+    reads_totals: bool,
+    settings: AllowanceSettings,
+) -> None:
+    """Count one admission decision in `day`, as decided and as `curve` would have decided it."""
+    day.decisions += 1
+    day.in_force[record.outcome] = day.in_force.get(record.outcome, 0) + 1
+    totals_missing = record.online_text_threads is None or record.queued_text_requests is None
+    if reads_totals and totals_missing:
+        day.unknown += 1
+        day.unknown_totals += 1
+        return
+    allowance = curve.allowance(
+        AllowanceInputs(
+            estimated_wait_seconds=record.estimated_wait,
+            competing_jobs=record.competing_jobs,
+            eligible_threads=record.eligible_threads,
+            online_text_threads=record.online_text_threads or 0,
+            queued_text_requests=record.queued_text_requests or 0,
+            settings=settings,
+        )
+    )
+    outcome = outcome_for(
+        record.requested_max_length,
+        record.n,
+        allowance,
+        record.slow_workers,
+        record.downgrade_allowed,
+        record.can_fund,
+    )
+    if outcome is None:
+        day.unknown += 1
+        day.unknown_funds += 1
+        return
+    day.would_be[outcome] += 1
+    day.allowance_lower += allowance < record.allowance
+    day.allowance_higher += allowance > record.allowance
+    if outcome != record.outcome:
+        day.changed += 1
+        move = f"{record.outcome} -> {outcome}"
+        day.transitions[move] = day.transitions.get(move, 0) + 1
 
 
 async def allowance_whatif(

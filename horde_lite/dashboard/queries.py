@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Float, Integer, case, cast, distinct, func, select
+from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite import whatif
@@ -30,6 +31,7 @@ from horde_lite.db.models import (
     Worker,
 )
 from horde_lite.lifecycle import policy_state
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES
 from horde_lite.lifecycle.context import Horde
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.kinds import PolicyKind
@@ -49,7 +51,6 @@ BIN_WIDTHS = (10, 30, 60, 300, 900, 1800, 3600, 3 * 3600, 6 * 3600, 86400)
 BUCKET_EDGES = (512, 1024, 2048, 4096)
 BUCKETS = list(SIZE_BUCKETS)
 OUTCOMES = ("completed", "faulted", "aborted", "cancelled", "running")
-ADMISSION_OUTCOMES = ("free", "funded", "downgraded", "refused")
 
 
 # --- the dashboard's signed sessions (a moderator's key is checked by api/guards.py) ---------------
@@ -282,6 +283,32 @@ def curve_points(horde: Horde, latest: AdmissionRecord | None, top: float) -> li
     return points
 
 
+async def _admissions(session: AsyncSession, now: float) -> tuple[AdmissionRecord | None, list[Any]]:
+    """The latest admission record, and the recent ones' (estimated wait, allowance)."""
+    latest = (
+        await session.execute(select(AdmissionRecord).order_by(AdmissionRecord.at.desc()).limit(1))
+    ).scalar_one_or_none()
+    recent = (
+        await session.execute(
+            select(AdmissionRecord.estimated_wait, AdmissionRecord.allowance)
+            .where(AdmissionRecord.estimated_wait.is_not(None), AdmissionRecord.at >= now - WINDOW_SECONDS)
+            .order_by(AdmissionRecord.at.desc())
+            .limit(RECENT_ADMISSIONS)
+        )
+    ).all()
+    return latest, list(recent)
+
+
+def _latest(latest: AdmissionRecord, now: float) -> LatestAdmission:
+    return LatestAdmission(
+        age=now - latest.at,
+        estimated_wait=latest.estimated_wait,
+        allowance=latest.allowance,
+        outcome=latest.outcome,
+        curve=latest.allowance_curve,
+    )
+
+
 async def queue(horde: Horde) -> QueueView:
     now = horde.clock.now()
     bucket = bucket_sql(QueueEntry.need_length)
@@ -311,19 +338,7 @@ async def queue(horde: Horde) -> QueueView:
                 select(func.count()).select_from(Generation).where(Generation.state == "processing")
             )
         ).scalar_one()
-        latest = (
-            await session.execute(select(AdmissionRecord).order_by(AdmissionRecord.at.desc()).limit(1))
-        ).scalar_one_or_none()
-        recent = (
-            await session.execute(
-                select(AdmissionRecord.estimated_wait, AdmissionRecord.allowance)
-                .where(
-                    AdmissionRecord.estimated_wait.is_not(None), AdmissionRecord.at >= now - WINDOW_SECONDS
-                )
-                .order_by(AdmissionRecord.at.desc())
-                .limit(RECENT_ADMISSIONS)
-            )
-        ).all()
+        latest, recent = await _admissions(session, now)
     s = horde.settings.allowance
     waits = [float(w) for w, _ in recent] + (
         [latest.estimated_wait] if latest and latest.estimated_wait else []
@@ -335,15 +350,7 @@ async def queue(horde: Horde) -> QueueView:
         running_jobs=int(running),
         oldest_wait=None if oldest is None else now - float(oldest),
         cells=cells,
-        latest=None
-        if latest is None
-        else LatestAdmission(
-            age=now - latest.at,
-            estimated_wait=latest.estimated_wait,
-            allowance=latest.allowance,
-            outcome=latest.outcome,
-            curve=latest.allowance_curve,
-        ),
+        latest=None if latest is None else _latest(latest, now),
         curve_name=horde.policies.names[PolicyKind.ALLOWANCE_CURVE],
         curve=curve,
         curve_reads_wait=len({a for _, a in curve}) > 1,
@@ -453,6 +460,21 @@ def _outcome_sql() -> ColumnElement[str]:
     return func.coalesce(AssignmentRecord.outcome, "running")
 
 
+async def _service_points(session: AsyncSession, window: ColumnElement[bool]) -> list[Any]:
+    """The latest ended jobs' (popped at, service seconds, over capacity), at most SERVICE_POINTS."""
+    found = await session.execute(
+        select(
+            AssignmentRecord.at,
+            cast(AssignmentRecord.ended_at - AssignmentRecord.at, Float),
+            AssignmentRecord.over_capacity,
+        )
+        .where(window, AssignmentRecord.ended_at.is_not(None))
+        .order_by(AssignmentRecord.at.desc())
+        .limit(SERVICE_POINTS)
+    )
+    return list(found.all())
+
+
 async def shadow(horde: Horde) -> ShadowView:
     now = horde.clock.now()
     since = now - WINDOW_SECONDS
@@ -486,18 +508,7 @@ async def shadow(horde: Horde) -> ShadowView:
                 .group_by(index, outcome)
             )
         ).all()
-        service = (
-            await session.execute(
-                select(
-                    AssignmentRecord.at,
-                    cast(AssignmentRecord.ended_at - AssignmentRecord.at, Float),
-                    AssignmentRecord.over_capacity,
-                )
-                .where(window, AssignmentRecord.ended_at.is_not(None))
-                .order_by(AssignmentRecord.at.desc())
-                .limit(SERVICE_POINTS)
-            )
-        ).all()
+        service = await _service_points(session, window)
     order = {b: i for i, b in enumerate(BUCKETS)}
     return ShadowView(
         since=now - since,

@@ -15,6 +15,7 @@ from jinja2 import Environment
 
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
+from horde_lite.lifecycle.admission_rule import AdmissionOutcome
 from horde_lite.lifecycle.context import Horde
 
 HERE = Path(__file__).parent
@@ -29,7 +30,12 @@ OUTCOME_COLORS = {
     "cancelled": "#9e9e9e",
     "running": "#1e88e5",
 }
-ADMISSION_COLORS = {"free": "#43a047", "funded": "#1e88e5", "downgraded": "#fb8c00", "refused": "#e53935"}
+ADMISSION_COLORS = {
+    AdmissionOutcome.FREE.value: "#43a047",
+    AdmissionOutcome.FUNDED.value: "#1e88e5",
+    AdmissionOutcome.DOWNGRADED.value: "#fb8c00",
+    AdmissionOutcome.REFUSED.value: "#e53935",
+}
 MODEL_COLORS = ("#1e88e5", "#43a047", "#8e24aa", "#fb8c00", "#00897b", "#6d4c41", "#9e9e9e")
 
 

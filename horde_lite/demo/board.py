@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 
 from horde_lite.demo.load import KINDS, Tally
+from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
@@ -68,8 +69,5 @@ def render(snap: dict[str, Any], tally: Tally, headline: str, served_by: dict[st
         f"speed gate (/metrics): over-capacity jobs admitted: legacy {over['false']}, chat {over['true']}; "
         f"pops by capacity-limited workers (refused big chat jobs while a capable one is online): {limited}"
     )
-    lines.append(
-        "free allowance (/metrics): "
-        + ", ".join(f"{k} {decisions[k]}" for k in ("free", "funded", "downgraded", "refused"))
-    )
+    lines.append("free allowance (/metrics): " + ", ".join(f"{k} {decisions[k]}" for k in ADMISSION_OUTCOMES))
     return "\n".join(lines)

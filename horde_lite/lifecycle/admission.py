@@ -3,11 +3,12 @@ is free, funded, downgraded or refused, and queue it."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, NoReturn
 
 from sqlalchemy import Select, bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -23,8 +24,17 @@ from horde_lite.db.models import (
 from horde_lite.db.rows import insert_rows
 from horde_lite.lifecycle import chat as chat_rules
 from horde_lite.lifecycle import kudos, prices, worker_lists
-from horde_lite.lifecycle.context import Caller, Horde
-from horde_lite.lifecycle.eligibility import Rules
+from horde_lite.lifecycle.admission_rule import (
+    AdmissionFacts,
+    AdmissionOutcome,
+    Judgement,
+    Refusal,
+    downgrade_note,
+    judge,
+    kudos_upfront_message,
+    needs_spendable,
+)
+from horde_lite.lifecycle.context import Caller, Horde, InForce
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.estimate import Estimate, estimate, horde_totals, queued_row
 from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
@@ -33,10 +43,9 @@ from horde_lite.metrics import allowance_attributes, wait_attributes
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.rc import Rc
+from horde_lite.settings import Settings
 
 log = logging.getLogger("horde_lite.admission")
-
-Outcome = Literal["free", "funded", "downgraded", "refused"]
 
 
 @dataclass
@@ -74,7 +83,7 @@ class Admission:
     request_id: str | None
     created_at: float  # the request's (a dry run's: when it was judged)
     kudos: float
-    outcome: Outcome
+    outcome: AdmissionOutcome
     allowance: int
     max_length: int
     estimate: Estimate
@@ -172,34 +181,20 @@ _CHAT_LIMITS = {by_model: _chat_limits_query(by_model) for by_model in (False, T
 
 
 async def chat_limits(
-    session: AsyncSession, horde: Horde, models: list[str], now: float, requester_id: int
+    session: AsyncSession, in_force: InForce, models: list[str], now: float, requester_id: int
 ) -> tuple[int | None, int | None]:
     """The largest max_completion_tokens and max_context_tokens declared by online chat workers for
     these models (None: no such worker online). A worker in maintenance counts only for its
     owner's requests, as everywhere."""
-    values: dict[str, Any] = {"online_since": horde.rules(now).online_since, "requester_id": requester_id}
+    values: dict[str, Any] = {"online_since": in_force.rules(now).online_since, "requester_id": requester_id}
     if models:
         values["models"] = models
     completion, context = (await session.execute(_CHAT_LIMITS[bool(models)], values)).one()
     return completion, context
 
 
-async def chat_spec(
-    session: AsyncSession,
-    horde: Horde,
-    requester: Requester,
-    payload: ChatPayload,
-    *,
-    models: list[str],
-    stream: bool = False,
-    dry_run: bool = False,
-    native_route: bool = True,
-    base: TextRequestInput | None = None,
-    client_agent: str = "",
-) -> AdmissionSpec:
-    """A chat request from either route. Its max_tokens is only ever lowered to what an online chat
-    worker for its model declares, and the client is told in `context_adjustments`."""
-    settings = horde.settings
+def _chat_asked(payload: ChatPayload, settings: Settings) -> int:
+    """The max_tokens a chat payload asks, after the checks that need no database."""
     limit = settings.request.max_length_limit
     requested = payload.max_tokens or settings.chat.default_max_tokens
     if requested > limit:
@@ -212,37 +207,63 @@ async def chat_spec(
             f"image_url must be an http(s) URL or a data: URL; got {bad[0]!r}.",
             param="messages",
         )
+    return requested
+
+
+def _lowered(requested: int, largest: int | None) -> tuple[int, list[dict[str, Any]]]:
+    """The max_tokens applied: only ever lowered, to the largest an online chat worker declares."""
+    if largest is None or requested <= largest:
+        return requested, []
+    reason = (
+        "lowered to the largest max_completion_tokens declared by an online chat worker "
+        "for the requested model"
+    )
+    return largest, [{"field": "max_tokens", "requested": requested, "applied": largest, "reason": reason}]
+
+
+def _check_context(models: list[str], tokens: int, applied: int, largest_context: int | None) -> None:
+    """On the /v1 front, which answers while the client waits, messages no online worker for the
+    model can hold are a client error (OpenAI's context_length_exceeded), not a wait: max_tokens is
+    already as low as horde_lite lowers it. The native route queues them, like any request no
+    worker can take yet."""
+    need = tokens + applied
+    if largest_context is None or need <= largest_context:
+        return
+    what = ", ".join(models) if models else "any model"
+    raise HordeError(
+        "ContextLengthExceeded",
+        f"This request needs {need} context tokens ({tokens} for the messages, estimated as "
+        f"characters / 3, plus max_tokens {applied}); the online chat workers for {what} accept at "
+        f"most {largest_context}. Shorten the messages or lower max_tokens.",
+        param="messages",
+    )
+
+
+async def chat_spec(
+    session: AsyncSession,
+    horde: Horde,
+    in_force: InForce,
+    requester: Requester,
+    payload: ChatPayload,
+    *,
+    models: list[str],
+    stream: bool = False,
+    dry_run: bool = False,
+    native_route: bool = True,
+    base: TextRequestInput | None = None,
+    client_agent: str = "",
+) -> AdmissionSpec:
+    """A chat request from either route. Its max_tokens is only ever lowered to what an online chat
+    worker for its model declares, and the client is told in `context_adjustments`."""
+    requested = _chat_asked(payload, in_force.settings)
     models = _clean_models(models)
-    adjustments: list[dict[str, Any]] = []
-    applied = requested
-    largest, largest_context = await chat_limits(session, horde, models, horde.clock.now(), requester.user.id)
-    if largest is not None and requested > largest:
-        applied = largest
-        adjustments.append(
-            {
-                "field": "max_tokens",
-                "requested": requested,
-                "applied": applied,
-                "reason": "lowered to the largest max_completion_tokens declared by an online chat worker "
-                "for the requested model",
-            }
-        )
+    now = horde.clock.now()
+    largest, largest_context = await chat_limits(session, in_force, models, now, requester.user.id)
+    applied, adjustments = _lowered(requested, largest)
     features, transports = chat_rules.requirements(payload)
     tokens = chat_rules.prompt_tokens(payload)
-    # On the /v1 front, which answers while the client waits, messages no online worker for the
-    # model can hold are a client error (OpenAI's context_length_exceeded), not a wait: max_tokens is
-    # already as low as horde_lite lowers it. The native route queues them, like any request no
-    # worker can take yet.
-    need = tokens + applied
-    if not native_route and largest_context is not None and need > largest_context:
-        what = ", ".join(models) if models else "any model"
-        raise HordeError(
-            Rc.ContextLengthExceeded,
-            f"This request needs {need} context tokens ({tokens} for the messages, estimated as "
-            f"characters / 3, plus max_tokens {applied}); the online chat workers for {what} accept at "
-            f"most {largest_context}. Shorten the messages or lower max_tokens.",
-            param="messages",
-        )
+    if not native_route:
+        _check_context(models, tokens, applied, largest_context)
     spec = AdmissionSpec(
         requester=requester,
         is_chat=True,
@@ -289,8 +310,8 @@ _ADVISORY_WAITING = 0x686C  # "hl": horde_lite's waiting caps
 _LOCK_WAITING = select(func.pg_advisory_xact_lock(_ADVISORY_WAITING, bindparam("user_id")))
 
 
-async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> None:
-    s = horde.settings.request
+async def _too_many(session: AsyncSession, settings: Settings, spec: AdmissionSpec) -> None:
+    s = settings.request
     limit = s.max_waiting_anonymous if spec.requester.user.anonymous else s.max_waiting_per_user
     if spec.requester.user.anonymous and session.get_bind().dialect.name == "postgresql":
         # The anonymous account is shared and its users row is not locked (its charges update it
@@ -302,9 +323,11 @@ async def _too_many(session: AsyncSession, horde: Horde, spec: AdmissionSpec) ->
         raise HordeError(Rc.TooManyPrompts, f"You already have {waiting} requests waiting (limit {limit}).")
 
 
-async def declaration_gap(session: AsyncSession, horde: Horde, spec: AdmissionSpec, now: float) -> str | None:
+async def declaration_gap(
+    session: AsyncSession, in_force: InForce, spec: AdmissionSpec, now: float
+) -> str | None:
     """Why no online worker can serve `spec`, in the words of what the workers declare."""
-    rules = horde.rules(now)
+    rules = in_force.rules(now)
     query = select(Worker).where(
         Worker.last_check_in >= rules.online_since, Worker.paused.is_(False), Worker.maintenance.is_(False)
     )
@@ -363,7 +386,7 @@ def _price(horde: Horde, row: TextRequest) -> float:
     return price.total
 
 
-def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
+def _new_row(settings: Settings, spec: AdmissionSpec, now: float) -> TextRequest:
     """The request's row as it would be queued, not yet in the session: the estimate reads it as
     it is, and a refusal or a dry run never writes it."""
     request_id = str(uuid.uuid4())
@@ -398,7 +421,7 @@ def _new_row(horde: Horde, spec: AdmissionSpec, now: float) -> TextRequest:
         initial_priority=priority,
         effective_start=now - priority / 5.0,
         created_at=now,
-        expires_at=now + horde.settings.request.expiry_seconds,
+        expires_at=now + settings.request.expiry_seconds,
         requested_max_length=spec.requested_max_length or spec.max_length,
         context_adjustments=spec.context_adjustments,
         client_agent=spec.client_agent[:255],
@@ -413,37 +436,110 @@ async def _insert(session: AsyncSession, row: TextRequest) -> None:
     await insert_rows(session, [row, *(RequestModel(request_id=row.id, model=m) for m in row.models)])
 
 
-async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Admission:
-    """Decide and (unless a dry run) queue. Raises HordeError for a refusal; the caller's
-    transaction is rolled back then, so a refused request leaves no row and no hold."""
+async def admit(
+    session: AsyncSession, horde: Horde, spec: AdmissionSpec, in_force: InForce | None = None
+) -> Admission:
+    """Decide and (unless a dry run) queue: read and lock the facts, `judge` them, then write what
+    the judgement says. Raises HordeError for a refusal; the caller's transaction is rolled back
+    then, so a refused request leaves no row and no hold. `in_force`: the caller's snapshot of the
+    policies (taken here when not given), the only one this admission reads."""
+    in_force = in_force or horde.in_force()
     now = horde.clock.now()
     # The estimate's copy of the queue catches up on its own connection while this one works.
     caught_up = horde.mirror.catch_up(now)
-    settings = horde.settings
-    policies = horde.policies  # one snapshot: a live switch must not mix two curves in one decision
+    key_left = await _lock_requester(session, in_force.settings, spec, now)
+    row = _new_row(in_force.settings, spec, now)
+    cost = _price(horde, row)
+    read = await _read_allowance(session, horde, in_force, spec, row, caught_up, now)
+    facts = _facts(in_force, spec, read, cost, key_left)
+    if needs_spendable(facts):  # a query: read only when the request is not free
+        spendable = await kudos.spendable(session, spec.requester.user, in_force.settings.kudos)
+        facts = replace(facts, spendable=spendable)
+    judged = judge(facts)
+    if judged.outcome is AdmissionOutcome.REFUSED:
+        await _refuse(session, horde, in_force, spec, facts, judged, read, now)
+    warnings: list[dict[str, str]] = []
+    if judged.outcome is AdmissionOutcome.DOWNGRADED:
+        cost = _downgrade(horde, row, facts, judged.max_length, warnings)
     if spec.requester.shared_key is not None:
+        # A free request through a key still spends the key's budget when its jobs are charged:
+        # it must fit what is left, and reserves it so concurrent requests cannot overspend.
+        check_shared_key(spec.requester.shared_key, now, judged.max_length, cost, left=key_left)
+    adjustments = list(row.context_adjustments)
+    if not judged.writes:  # a dry run: judged like the real request; nothing is written
+        return Admission(
+            None, now, cost, judged.outcome, judged.allowance, judged.max_length, read.estimate,
+            adjustments, warnings,
+        )  # fmt: skip
+    await _insert(session, row)
+    shared = spec.requester.shared_key
+    if judged.holds(shared is not None):
+        await kudos.place_hold(
+            session, spec.requester.user.id, row.id, cost, now,
+            shared_key_hash=shared.key_hash if shared else None, reserves_user=judged.reserves_user,
+        )  # fmt: skip
+    await _record(session, horde, in_force, spec, judged, read, row.id, now)
+    log.info(
+        "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
+        row.id, spec.requester.kind, judged.outcome, judged.max_length, judged.allowance, spec.is_chat,
+    )  # fmt: skip
+    return Admission(
+        row.id, row.created_at, cost, judged.outcome, judged.allowance, judged.max_length, read.estimate,
+        adjustments, warnings,
+    )  # fmt: skip
+
+
+async def _lock_requester(
+    session: AsyncSession, settings: Settings, spec: AdmissionSpec, now: float
+) -> float | None:
+    """Lock and read what the decision acts on: the requester, its shared key and its waiting
+    count. Returns what the shared key's budget has left (None: no key, or no budget)."""
+    shared = spec.requester.shared_key
+    if shared is not None:
         # The key's own limits first: an expired, empty or capped key is refused whatever the
-        # request would cost (its budget is checked against the cost below).
-        check_shared_key(spec.requester.shared_key, now, spec.max_length, 0.0)
+        # request would cost (its budget is checked against the cost later).
+        check_shared_key(shared, now, spec.max_length, 0.0)
     if not spec.requester.user.anonymous and not spec.requester.locked:
         # One registered requester's creations serialize: its waiting count and spendable kudos are
         # read, then acted on (two concurrent funded requests must not both spend the same kudos).
         # Lock order (docs/explanation/locking.md): the users row, then the shared key row. The
         # routes lock it as they authenticate (`decide`), in the same statement.
         await session.refresh(spec.requester.user, with_for_update=True)
-    key_left: float | None = None  # what the shared key's budget has left (None: no key, no limit)
-    if spec.requester.shared_key is not None:
-        shared = spec.requester.shared_key
+    key_left: float | None = None
+    if shared is not None:
         await kudos.lock_shared_key(session, shared)
         if shared.kudos >= 0:
             reserved = await kudos.shared_key_reserved(session, shared.key_hash)
             key_left = shared.kudos - shared.utilized - reserved
-    await _too_many(session, horde, spec)
-    row = _new_row(horde, spec, now)
-    cost = _price(horde, row)
-    rules = Rules.from_settings(settings, policies.speed_gate, now)
+    await _too_many(session, settings, spec)
+    return key_left
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """What admission read to size the allowance: for the decision, its records and metrics."""
+
+    estimate: Estimate
+    inputs: AllowanceInputs
+    totals_read: bool  # the horde-wide totals in `inputs` were read (else they are 0, unread)
+    allowance: int  # the curve in force's
+    candidate_allowance: int | None  # a candidate curve's (None: none, or a dry run)
+
+
+async def _read_allowance(
+    session: AsyncSession,
+    horde: Horde,
+    in_force: InForce,
+    spec: AdmissionSpec,
+    row: TextRequest,
+    caught_up: asyncio.Task[None],
+    now: float,
+) -> _Read:
+    """Estimate the request's wait and size its free output allowance, by the curve in force and
+    by a candidate judged in shadow beside it (never for a dry run)."""
+    policies = in_force.policies
+    rules = in_force.rules(now)
     est = await estimate(horde, queued_row(row), rules, caught_up)
-    # A candidate curve is judged in shadow beside the one in force (never for a dry run).
     candidate = None if spec.dry_run else policies.candidate_allowance_curve
     # Horde-wide totals cost a scan of the queue: read them only for a curve that asks.
     totals_read = any(
@@ -461,176 +557,76 @@ async def admit(session: AsyncSession, horde: Horde, spec: AdmissionSpec) -> Adm
         eligible_threads=est.eligible_threads,
         online_text_threads=threads,
         queued_text_requests=queued,
-        settings=settings.allowance,
+        settings=in_force.settings.allowance,
     )
     allowance = policies.allowance_curve.allowance(inputs)
+    candidate_allowance = None if candidate is None else candidate.allowance(inputs)
+    return _Read(est, inputs, totals_read, allowance, candidate_allowance)
+
+
+def _facts(
+    in_force: InForce, spec: AdmissionSpec, read: _Read, cost: float, key_left: float | None
+) -> AdmissionFacts:
     requester = spec.requester
-    downgrade_allowed = spec.allow_downgrade and spec.native_route and not spec.is_chat
-    can_pay = False  # the requester's spendable kudos cover the cost (read only when needed)
-    can_fund: bool | None = None  # ... and the shared key's budget too; None: not read
-
-    def rule(allowance: int) -> Outcome | None:
-        return outcome_for(spec.max_length, spec.n, allowance, spec.slow_workers, downgrade_allowed, can_fund)
-
-    async def decided(allowance: int) -> Outcome:
-        nonlocal can_pay, can_fund
-        found = rule(allowance)
-        if found is not None:
-            return found
-        # Spendable kudos cost a query: read only when the request is not free. The anonymous
-        # account is shared by everyone without a key: it never holds kudos upfront, or one
-        # anonymous caller could spend what the floor leaves for all of them.
-        can_pay = (
-            not requester.user.anonymous
-            and await kudos.spendable(session, requester.user, settings.kudos) >= cost
-        )
-        can_fund = can_pay and (key_left is None or key_left >= cost)
-        found = rule(allowance)
-        assert found is not None  # only an unread can_fund leaves it open
-        return found
-
-    outcome = await decided(allowance)
-    shadow: tuple[int, Outcome] | None = None
-    if candidate is not None:
-        candidate_allowance = candidate.allowance(inputs)
-        if candidate_allowance != allowance:
-            shadow = (candidate_allowance, await decided(candidate_allowance))
-    judged = _Judged(outcome, allowance, est, inputs, totals_read, downgrade_allowed, can_fund, shadow)
-    warnings: list[dict[str, str]] = []
-    if outcome == "refused" and can_pay and requester.shared_key is not None:
-        # The owner could pay but the key's budget cannot: say so rather than KudosUpfront.
-        if not spec.dry_run:
-            await _record(session, horde, spec, judged, None, now)
-        check_shared_key(requester.shared_key, now, spec.max_length, cost, left=key_left)
-    if outcome == "refused":
-        await _refuse(session, horde, spec, judged, cost, now)
-    applied = spec.max_length
-    if outcome == "downgraded":
-        applied = allowance // spec.n  # each job's share of the request's allowance
-        row.max_length = applied
-        row.params = {**row.params, "max_length": applied}
-        row.slow_workers = True
-        row.context_adjustments = [
-            *row.context_adjustments,
-            {
-                "field": "max_length",
-                "requested": spec.max_length,
-                "applied": applied,
-                "reason": "free output allowance",
-            },
-        ]
-        cost = _price(horde, row)
-        warnings.append(
-            {
-                "code": "Downgraded",
-                "message": f"max_length lowered from {spec.max_length} to the free output allowance "
-                f"of {allowance} tokens" + (f", {applied} for each of {spec.n} jobs." if spec.n > 1 else "."),
-            }
-        )
-    if requester.shared_key is not None:
-        # A free request through a key still spends the key's budget when its jobs are charged:
-        # it must fit what is left, and reserves it so concurrent requests cannot overspend.
-        check_shared_key(requester.shared_key, now, applied, cost, left=key_left)
-    adjustments = list(row.context_adjustments)
-    if spec.dry_run:  # judged like the real request; nothing is written
-        return Admission(None, now, cost, outcome, allowance, applied, est, adjustments, warnings)
-    await _insert(session, row)
-    if outcome == "funded" or requester.shared_key is not None:
-        await kudos.place_hold(
-            session, requester.user.id, row.id, cost, now,
-            shared_key_hash=requester.shared_key.key_hash if requester.shared_key else None,
-            reserves_user=outcome == "funded",
-        )  # fmt: skip
-    await _record(session, horde, spec, judged, row.id, now)
-    log.info(
-        "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
-        row.id, requester.kind, outcome, applied, allowance, spec.is_chat,
-    )  # fmt: skip
-    return Admission(
-        request_id=row.id,
-        created_at=row.created_at,
-        kudos=cost,
-        outcome=outcome,
-        allowance=allowance,
-        max_length=applied,
-        estimate=est,
-        context_adjustments=adjustments,
-        warnings=warnings,
+    return AdmissionFacts(
+        max_length=spec.max_length,
+        n=spec.n,
+        slow_workers=spec.slow_workers,
+        allow_downgrade=spec.allow_downgrade,
+        native_route=spec.native_route,
+        is_chat=spec.is_chat,
+        dry_run=spec.dry_run,
+        cost=cost,
+        allowance=read.allowance,
+        candidate_allowance=read.candidate_allowance,
+        eligible_workers=read.estimate.eligible_workers,
+        floor=in_force.settings.allowance.floor,
+        anonymous=requester.user.anonymous,
+        has_shared_key=requester.shared_key is not None,
+        key_left=key_left,
     )
+
+
+def _downgrade(
+    horde: Horde, row: TextRequest, facts: AdmissionFacts, applied: int, warnings: list[dict[str, str]]
+) -> float:
+    """Lower the row to each job's share of the allowance, price it again and warn the client.
+    Returns the new price."""
+    adjustment, warning = downgrade_note(facts, applied)
+    row.max_length = applied
+    row.params = {**row.params, "max_length": applied}
+    row.slow_workers = True
+    row.context_adjustments = [*row.context_adjustments, adjustment]
+    warnings.append(warning)
+    return _price(horde, row)
 
 
 async def _refuse(
-    session: AsyncSession, horde: Horde, spec: AdmissionSpec, judged: _Judged, cost: float, now: float
-) -> None:
-    if not spec.dry_run:
-        await _record(session, horde, spec, judged, None, now)
-    est, allowance = judged.estimate, judged.allowance
-    floor = horde.settings.allowance.floor
-    if spec.max_length * spec.n > floor and est.eligible_workers == 0:
-        gap = await declaration_gap(session, horde, spec, now)
+    session: AsyncSession,
+    horde: Horde,
+    in_force: InForce,
+    spec: AdmissionSpec,
+    facts: AdmissionFacts,
+    judged: Judgement,
+    read: _Read,
+    now: float,
+) -> NoReturn:
+    """Record a refusal (unless a dry run) and raise it, in the words of its reason."""
+    if judged.records:
+        await _record(session, horde, in_force, spec, judged, read, None, now)
+    if judged.key_budget and spec.requester.shared_key is not None:
+        # The owner could pay but the key's budget cannot: say so rather than KudosUpfront.
+        check_shared_key(spec.requester.shared_key, now, spec.max_length, facts.cost, left=facts.key_left)
+    if judged.refusal is Refusal.NO_ELIGIBLE_WORKER:
+        gap = await declaration_gap(session, in_force, spec, now)
         detail = f": {gap}" if gap else ""
         raise HordeError(Rc.NoEligibleWorker, f"No online worker can serve this request{detail}.", gap=gap)
-    if not spec.slow_workers and spec.max_length * spec.n <= allowance:
-        reason = "requests that disallow slow workers always need kudos upfront"
-        advice = "or allow slow workers"
-    else:
-        reason = (
-            f"the free output allowance for this request is {allowance} tokens and it asks {_asked(spec)}"
-        )
-        advice = f"or ask for at most {allowance} tokens"
     raise HordeError(
         Rc.KudosUpfront,
-        f"This request needs {cost:.2f} kudos upfront: {reason}. Register and earn kudos by running a "
-        f"worker, {advice}.",
-        allowance=allowance,
-        kudos=cost,
+        kudos_upfront_message(facts, judged.refusal or Refusal.OVER_ALLOWANCE),
+        allowance=judged.allowance,
+        kudos=facts.cost,
     )
-
-
-def outcome_for(
-    max_length: int,
-    n: int,
-    allowance: int,
-    slow_workers: bool,
-    downgrade_allowed: bool,
-    can_fund: bool | None,
-) -> Outcome | None:
-    """The admission decision for one allowance, a pure function so that a
-    candidate curve and `horde-lite whatif` judge exactly like the curve in force: free when all
-    n jobs' output fits the allowance and slow workers are allowed; else funded when the requester
-    can pay (`can_fund`: spendable kudos and the shared key's budget); else downgraded when the
-    request allows it (`downgrade_allowed`: a legacy request on the native route that asked) and
-    each job keeps at least 16 tokens; else refused. None: not free, and `can_fund` is unknown."""
-    over = max_length * n > allowance
-    if not over and slow_workers:
-        return "free"
-    if can_fund is None:
-        return None
-    if can_fund:
-        return "funded"
-    if over and downgrade_allowed and allowance // n >= 16:
-        return "downgraded"
-    return "refused"
-
-
-def _asked(spec: AdmissionSpec) -> str:
-    """The output a request asks, as the allowance counts it (all of its jobs)."""
-    total = spec.max_length * spec.n
-    return f"{total} ({spec.n} jobs x {spec.max_length})" if spec.n > 1 else str(total)
-
-
-@dataclass(frozen=True, slots=True)
-class _Judged:
-    """What one admission decision read and decided, for its metrics and its records."""
-
-    outcome: Outcome
-    allowance: int
-    estimate: Estimate
-    inputs: AllowanceInputs
-    totals_read: bool  # the horde-wide totals in `inputs` were read (else they are 0, unread)
-    downgrade_allowed: bool
-    can_fund: bool | None
-    candidate: tuple[int, Outcome] | None  # the candidate curve's allowance and outcome, when different
 
 
 # session.info key of a refusal's records: its transaction is rolled back, `decide` keeps them.
@@ -640,33 +636,59 @@ _REFUSAL_RECORDS = "horde_lite.refusal_records"
 async def _record(
     session: AsyncSession,
     horde: Horde,
+    in_force: InForce,
     spec: AdmissionSpec,
-    judged: _Judged,
+    judged: Judgement,
+    read: _Read,
     request_id: str | None,
     now: float,
 ) -> None:
     """The one place an admission decision (not a dry run) is recorded: metrics, its admission
     record and, when a candidate curve decided differently, its candidate record."""
-    metrics = horde.metrics
-    kind = spec.requester.kind
-    outcome, allowance, est, inputs = judged.outcome, judged.allowance, judged.estimate, judged.inputs
-    policies = horde.policies
+    records = _records(in_force.policies.names, spec, judged, read, request_id, now)
+    if judged.outcome is AdmissionOutcome.REFUSED:
+        session.info[_REFUSAL_RECORDS] = records  # the transaction is rolled back: see `decide`
+    else:
+        await insert_rows(session, records)
+    metrics, kind = horde.metrics, spec.requester.kind
+    metrics.free_allowance_decisions.add(
+        1,
+        allowance_attributes(kind, judged.outcome, spec.max_length, judged.allowance, spec.is_chat),  # type: ignore[arg-type]
+    )
+    if read.estimate.estimated_wait is not None:
+        metrics.free_allowance_estimated_wait_seconds.record(
+            read.estimate.estimated_wait,
+            wait_attributes(kind, spec.is_chat),  # type: ignore[arg-type]
+        )
+
+
+def _records(
+    names: dict[str, str],
+    spec: AdmissionSpec,
+    judged: Judgement,
+    read: _Read,
+    request_id: str | None,
+    now: float,
+) -> list[AdmissionRecord | CandidateRecord]:
+    """The decision's admission record and, when a candidate curve decided differently, its
+    candidate record. `names`: the policies' names in force for this admission."""
+    inputs, totals = read.inputs, read.totals_read
     records: list[AdmissionRecord | CandidateRecord] = [
         AdmissionRecord(
             at=now,
             request_id=request_id,
-            requester_kind=kind,
+            requester_kind=spec.requester.kind,
             is_chat=spec.is_chat,
             requested_max_length=spec.max_length,
             n=spec.n,
-            allowance=allowance,
-            outcome=outcome,
-            estimated_wait=est.estimated_wait,
+            allowance=judged.allowance,
+            outcome=judged.outcome.value,
+            estimated_wait=read.estimate.estimated_wait,
             competing_jobs=inputs.competing_jobs,
             eligible_threads=inputs.eligible_threads,
-            online_text_threads=inputs.online_text_threads if judged.totals_read else None,
-            queued_text_requests=inputs.queued_text_requests if judged.totals_read else None,
-            allowance_curve=policies.names[PolicyKind.ALLOWANCE_CURVE],
+            online_text_threads=inputs.online_text_threads if totals else None,
+            queued_text_requests=inputs.queued_text_requests if totals else None,
+            allowance_curve=names[PolicyKind.ALLOWANCE_CURVE],
             slow_workers=spec.slow_workers,
             downgrade_allowed=judged.downgrade_allowed,
             can_fund=judged.can_fund,
@@ -678,30 +700,18 @@ async def _record(
             CandidateRecord(
                 at=now,
                 kind=PolicyKind.ALLOWANCE_CURVE,
-                candidate=policies.names["candidate_allowance_curve"],
-                in_force=policies.names[PolicyKind.ALLOWANCE_CURVE],
+                candidate=names["candidate_allowance_curve"],
+                in_force=names[PolicyKind.ALLOWANCE_CURVE],
                 request_id=request_id,
                 is_chat=spec.is_chat,
                 max_length=spec.max_length,
-                decision=outcome,
-                candidate_decision=candidate_outcome,
-                allowance=allowance,
+                decision=judged.outcome.value,
+                candidate_decision=candidate_outcome.value,
+                allowance=judged.allowance,
                 candidate_allowance=candidate_allowance,
             )
         )
-    if outcome == "refused":
-        session.info[_REFUSAL_RECORDS] = records  # the transaction is rolled back: see `decide`
-    else:
-        await insert_rows(session, records)
-    metrics.free_allowance_decisions.add(
-        1,
-        allowance_attributes(kind, outcome, spec.max_length, allowance, spec.is_chat),  # type: ignore[arg-type]
-    )
-    if est.estimated_wait is not None:
-        metrics.free_allowance_estimated_wait_seconds.record(
-            est.estimated_wait,
-            wait_attributes(kind, spec.is_chat),  # type: ignore[arg-type]
-        )
+    return records
 
 
 # --- the entry points ----------------------------------------------------------------------------
@@ -715,7 +725,8 @@ class Decision:
     admission: Admission
 
 
-SpecBuilder = Callable[[AsyncSession, Requester], Awaitable[AdmissionSpec]]
+# Builds the request's spec in the admission's transaction, with the admission's snapshot.
+SpecBuilder = Callable[[AsyncSession, Requester, InForce], Awaitable[AdmissionSpec]]
 
 
 class _DryRun(Exception):
@@ -730,12 +741,13 @@ async def decide(horde: Horde, caller: Caller, build: SpecBuilder) -> Decision:
     rolls it back: no row, no hold). A dry run (`spec.dry_run`) is judged exactly like the real
     request, refusals included, and then rolled back: nothing is kept and nothing is cached. Both
     routes that create requests (the native route and the chat front) come through here."""
+    in_force = horde.in_force()  # one snapshot for the spec and the decision alike
     session: AsyncSession | None = None
     try:
         async with horde.transaction() as session:
             requester = await authenticate(session, caller.apikey, horde.clock.now(), lock=True)
-            spec = await build(session, requester)
-            decision = Decision(spec=spec, admission=await admit(session, horde, spec))
+            spec = await build(session, requester, in_force)
+            decision = Decision(spec=spec, admission=await admit(session, horde, spec, in_force))
             if spec.dry_run:
                 raise _DryRun(decision)
     except _DryRun as rolled_back:
@@ -766,13 +778,13 @@ async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> 
 
     worker_lists.check_lengths(body, horde.settings.request.max_worker_list)
 
-    async def build(session: AsyncSession, requester: Requester) -> AdmissionSpec:
+    async def build(session: AsyncSession, requester: Requester, in_force: InForce) -> AdmissionSpec:
         if body.chat is None:
             spec = legacy_spec(requester, body, horde, caller.client_agent)
         else:
             spec = await chat_spec(
-                session, horde, requester, body.chat, models=body.models, dry_run=body.dry_run, base=body,
-                client_agent=caller.client_agent,
+                session, horde, in_force, requester, body.chat, models=body.models, dry_run=body.dry_run,
+                base=body, client_agent=caller.client_agent,
             )  # fmt: skip
         # A deny-list, when sent, is the request's whole choice of workers (its allow-list is not read).
         allow = [] if spec.worker_deny else spec.workers

@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Worker, WorkerModel
 from horde_lite.lifecycle import admission, waiting
-from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.lifecycle.context import Caller, Horde, InForce
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import ChatPayload
 from horde_lite.lifecycle.users import Requester
@@ -63,7 +63,9 @@ def _spec_builder(
 ) -> admission.SpecBuilder:
     """The front's request as admission judges it: a model some chat worker declares, one chat job."""
 
-    async def build(session: AsyncSession, requester: Requester) -> admission.AdmissionSpec:
+    async def build(
+        session: AsyncSession, requester: Requester, in_force: InForce
+    ) -> admission.AdmissionSpec:
         if not await known_chat_model(session, model):
             raise HordeError(
                 Rc.ModelNotFound,
@@ -72,7 +74,7 @@ def _spec_builder(
                 param="model",
             )
         return await admission.chat_spec(
-            session, horde, requester, payload, models=[model], stream=stream, dry_run=dry_run,
+            session, horde, in_force, requester, payload, models=[model], stream=stream, dry_run=dry_run,
             native_route=False, client_agent=client_agent,
         )  # fmt: skip
 

@@ -54,6 +54,10 @@ class Horde:
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)
 
+    def in_force(self) -> InForce:
+        """The policies and settings in force now, for one call to apply throughout."""
+        return InForce(policies=self.policies, settings=self.settings)
+
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
         """One short transaction: committed when the block ends, rolled back on any error (so a
@@ -79,6 +83,21 @@ class Horde:
     async def drain(self, within: float) -> int:
         """Wait up to `within` seconds for the detached tasks; how many are still running."""
         return await self._detached.wait(within)
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """What one admission or pop applies, taken once at its start (`Horde.in_force`) and passed
+    down: the selected policies (speed gate, allowance curve, shadow metrics, the candidates and
+    their names) and the settings the rules read. `horde.policies` may be swapped by a switch
+    through the database while a call runs; a call that read it twice could judge one request by
+    two curves, or claim under one gate and record another."""
+
+    policies: Policies
+    settings: Settings
+
+    def rules(self, now: float) -> Rules:
+        return Rules.from_settings(self.settings, self.policies.speed_gate, now)
 
 
 @dataclass(frozen=True, slots=True)

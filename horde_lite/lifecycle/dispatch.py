@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Select, and_, bindparam, case, func, insert, not_, or_, select, update
@@ -16,7 +16,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, TextRequest, User, Worker
 from horde_lite.db.sqltypes import OneOf, TextList
 from horde_lite.lifecycle import queue_index
-from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.lifecycle.context import Caller, Horde, InForce
 from horde_lite.lifecycle.eligibility import (
     NOW,
     Rules,
@@ -26,6 +26,7 @@ from horde_lite.lifecycle.eligibility import (
     request_offered,
 )
 from horde_lite.lifecycle.inputs import PopInput
+from horde_lite.lifecycle.pop_rule import PopPath, Seen, Take, counts_pop, path, take
 from horde_lite.lifecycle.workers import (
     authenticate_worker,
     check_in,
@@ -38,6 +39,7 @@ from horde_lite.metrics import wait_attributes
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import Assignment, GateInputs, PopCheck
 from horde_lite.policies.registry import Policies
+from horde_lite.settings import Settings
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,8 @@ class Job:
     generation_ids: list[str]  # one per job taken
     model: str
     ttl: int
+    lease: float  # seconds (`ttl`, as the worker is told it)
+    speed: float  # the worker's effective speed, recorded with each job
 
 
 # Candidates judged per round trip: a page of the worker's part of the queue. Small, since the
@@ -115,8 +119,7 @@ def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
 
 async def _candidate(
     session: AsyncSession,
-    horde: Horde,
-    policies: Policies,
+    in_force: InForce,
     worker: Worker,
     now: float,
     *,
@@ -131,7 +134,7 @@ async def _candidate(
     walking the queue's index over the worker's models a page at a time (lifecycle/queue_index.py);
     each candidate page is judged by the one eligibility check and claimed with SKIP LOCKED, the
     first page together with the preferred users' requests (one statement, not two)."""
-    rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
+    rules = in_force.rules(now)
     params: dict[str, Any] = {
         "now": now, "worker_id": worker.id, "owner_id": worker.owner_id, "capacity": worker.capacity
     }  # fmt: skip
@@ -177,8 +180,7 @@ async def _capable_online(session: AsyncSession, rules: Rules, request: TextRequ
 
 async def _record_assignments(
     session: AsyncSession,
-    horde: Horde,
-    policies: Policies,
+    in_force: InForce,
     worker: Worker,
     request: TextRequest,
     assignments: list[Assignment],
@@ -190,7 +192,8 @@ async def _record_assignments(
     `capable`: is a capable worker for the request online, asked by the claim of an
     over-capacity job (only such a job raises the question; every built-in gate passes the
     others), else None."""
-    rules = Rules.from_settings(horde.settings, policies.speed_gate, now)
+    policies = in_force.policies
+    rules = in_force.rules(now)
     gate = policies.names[PolicyKind.SPEED_GATE]
     shadow = {"at": now, "capable_online": capable, "speed_gate": gate}
     records = [{**dataclasses.asdict(a), **shadow} for a in assignments]
@@ -249,83 +252,110 @@ async def pop(
     owner: User,
     body: PopInput,
     *,
+    in_force: InForce | None = None,
     worker: Worker | None = None,
     looked: Looked | None = None,
 ) -> tuple[Worker, Job | None]:
     """`worker`: the named worker's row when the caller read it locked with its owner. `looked`:
     what the pop read before its transaction; its worker is not checked in again (nothing but the
-    time would change) and not locked (its row's rules are judged by the claim's own statement)."""
+    time would change) and not locked (its row's rules are judged by the claim's own statement).
+    `in_force`: the pop's snapshot of the policies (taken here when not given), the only one read."""
+    in_force = in_force or horde.in_force()
     now = horde.clock.now()
-    settings = horde.settings
-    policies = horde.policies  # one snapshot: a live switch must not mix two gates in one pop
     if looked is None:
-        worker = await check_in(session, owner, body, settings, now, worker=worker)
+        worker = await check_in(session, owner, body, in_force.settings, now, worker=worker)
     else:
         worker = looked.worker
         if looked.stamp:
             await stamp_check_in(session, worker, now)
     fake = worker.paused
-    _count_pop(horde, policies, worker)
+    _count_pop(horde, in_force.policies, worker)
     page = None if looked is None else looked.page
-    found = await _candidate(session, horde, policies, worker, now, fake=fake, page=page)
+    found = await _candidate(session, in_force, worker, now, fake=fake, page=page)
     if found is None:
         return worker, None
     request, capable = found
-    count = 1 if fake else min(body.amount, request.n_remaining)
+    taken = take(
+        fake=fake, amount=body.amount, n_remaining=request.n_remaining, max_length=request.max_length,
+        capacity=worker.capacity,
+    )  # fmt: skip
     # Core statements for the pop's writes: the ORM's unit of work cost more than the statements.
     conn = await session.connection()
-    if not fake:
+    if taken.left is not None:
         # The row is locked (FOR UPDATE on PostgreSQL, the one writer on SQLite): set it in place,
         # and tell the loaded object, which must not write it again.
-        left, expires = request.n_remaining - count, now + settings.request.expiry_seconds
+        left, expires = taken.left, now + in_force.settings.request.expiry_seconds
         await conn.execute(_TAKEN, {"request_id": request.id, "left": left, "expires": expires})
         set_committed_value(request, "n_remaining", left)
         set_committed_value(request, "expires_at", expires)
-    lease = settings.lease.base_seconds
-    model = _job_model(request, worker)
+    job = _job(in_force.settings, request, worker, taken)
+    await conn.execute(insert(Generation), _generations(job, worker, taken, now))
+    if taken.records:
+        await _record_claim(session, horde, in_force, worker, job, taken, capable, now)
+    return worker, job
+
+
+def _job(settings: Settings, request: TextRequest, worker: Worker, taken: Take) -> Job:
+    """The job as handed out: a generation id per job taken, the model it runs and its lease."""
+    generation_ids = [str(uuid.uuid4()) for _ in range(taken.count)]
     speed = effective_speed(worker.lease_speed, settings)
-    over = request.max_length > worker.capacity
-    generation_ids = [str(uuid.uuid4()) for _ in range(count)]
+    lease = settings.lease.base_seconds
+    return Job(request, generation_ids, _job_model(request, worker), int(lease), lease, speed)
+
+
+def _generations(job: Job, worker: Worker, taken: Take, now: float) -> list[dict[str, Any]]:
     generation = {
-        "request_id": request.id,
+        "request_id": job.request.id,
         "worker_id": worker.id,
-        "model": model,
+        "model": job.model,
         "state": "processing",
-        "fake": fake,
+        "fake": taken.fake,
         "popped_at": now,
-        "lease_expires_at": now + lease,
-        "over_capacity_at_assignment": over and not fake,
+        "lease_expires_at": now + job.lease,
+        "over_capacity_at_assignment": taken.over_capacity_at_assignment,
         "capacity_at_assignment": worker.capacity,
-        "speed_at_assignment": speed,
+        "speed_at_assignment": job.speed,
         "progress_tool_calls": [],
     }
-    await conn.execute(insert(Generation), [{"id": gid, **generation} for gid in generation_ids])
-    if not fake:
-        horde.metrics.job_event("popped", request.is_chat, count)
-        # The shadow record of each job, for the metrics and the stored history alike.
-        assignments = [
-            Assignment(
-                generation_id=generation_id,
-                request_id=request.id,
-                worker_id=worker.id,
-                worker_trusted=worker.trusted,
-                is_chat=request.is_chat,
-                max_length=request.max_length,
-                capacity=worker.capacity,
-                speed=speed,
-                over_capacity=over,
-            )
-            for generation_id in generation_ids
-        ]
-        for assignment in assignments:
-            policies.shadow_metrics.on_assignment(horde.metrics, assignment)
-            horde.metrics.queue_wait_seconds.record(
-                max(0.0, now - request.created_at),
-                wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
-            )
-        await _record_assignments(session, horde, policies, worker, request, assignments, capable, now)
-        horde.notifier.on_commit(session, request.id, remote=request.waited)
-    return worker, Job(request=request, generation_ids=generation_ids, model=model, ttl=int(lease))
+    return [{"id": gid, **generation} for gid in job.generation_ids]
+
+
+async def _record_claim(
+    session: AsyncSession,
+    horde: Horde,
+    in_force: InForce,
+    worker: Worker,
+    job: Job,
+    taken: Take,
+    capable: bool | None,
+    now: float,
+) -> None:
+    """A real pop's metrics, the shadow record of each job (for the metrics and the stored history
+    alike) and the wake-up of the request's waiters at commit."""
+    request = job.request
+    horde.metrics.job_event("popped", request.is_chat, taken.count)
+    assignments = [
+        Assignment(
+            generation_id=generation_id,
+            request_id=request.id,
+            worker_id=worker.id,
+            worker_trusted=worker.trusted,
+            is_chat=request.is_chat,
+            max_length=request.max_length,
+            capacity=worker.capacity,
+            speed=job.speed,
+            over_capacity=taken.over_capacity,
+        )
+        for generation_id in job.generation_ids
+    ]
+    for assignment in assignments:
+        in_force.policies.shadow_metrics.on_assignment(horde.metrics, assignment)
+        horde.metrics.queue_wait_seconds.record(
+            max(0.0, now - request.created_at),
+            wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
+        )
+    await _record_assignments(session, in_force, worker, request, assignments, capable, now)
+    horde.notifier.on_commit(session, request.id, remote=request.waited)
 
 
 @dataclass(frozen=True, slots=True)
@@ -351,7 +381,7 @@ class Popped:
 
 def _count_pop(horde: Horde, policies: Policies, worker: Worker) -> None:
     """The shadow metrics' count of pops, once per pop whichever way it is answered."""
-    if not worker.paused:  # a paused worker's pops serve fake jobs, which no metric records
+    if counts_pop(worker.paused):
         policies.shadow_metrics.on_pop(
             horde.metrics,
             PopCheck(
@@ -363,44 +393,48 @@ def _count_pop(horde: Horde, policies: Policies, worker: Worker) -> None:
         )
 
 
-async def look(horde: Horde, caller: Caller, body: PopInput) -> Popped | Looked | None:
+async def look(
+    horde: Horde, caller: Caller, body: PopInput, in_force: InForce | None = None
+) -> Popped | Looked | None:
     """A pop's reads before its transaction, outside any: the owner and worker, whether its
     check-in would write, and the first page of the worker's part of the queue. Most pops of a
     horde are idle workers' polls: when nothing is to be written and the page is empty, the pop is
     answered here (`Popped`), and takes neither SQLite's write lock and a writer turn nor
     PostgreSQL's BEGIN and row lock. A page with requests (`Looked`) is judged and claimed in the
-    transaction, which walks on from it. None: the pop changes its worker's declarations, is its
-    first, is refused, or its worker is paused or in maintenance; it goes the whole way in the
-    transaction."""
+    transaction, which walks on from it. None: the pop goes the whole way in the transaction
+    (`pop_rule.path` says when)."""
+    in_force = in_force or horde.in_force()
     now = horde.clock.now()
     async with horde.reading() as session:
         named = await owner_and_worker(session, caller.apikey, body.name)
         if named is None:
             return None
         owner, worker = named
-        need = await check_in_need(session, worker, owner, body, horde.settings, now)
-        if need == "all" or worker.paused or worker.maintenance:
+        need = await check_in_need(session, worker, owner, body, in_force.settings, now)
+        seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
+        if path(seen) is PopPath.WHOLE:
             return None
-        limits = queue_index.Limits.of(worker, horde.rules(now))
+        limits = queue_index.Limits.of(worker, in_force.rules(now))
         page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
-        if page.rows or need == "time":
+        if path(replace(seen, page_rows=len(page.rows))) is not PopPath.IDLE:
             return Looked(owner=owner, worker=worker, stamp=need == "time", page=page)
-        _count_pop(horde, horde.policies, worker)
+        _count_pop(horde, in_force.policies, worker)
         return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
 
 
 async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
     """POST /generate/text/pop: authenticate the worker's owner, check the worker in, claim a job;
     an idle poll is answered before any transaction (`look`)."""
-    looked = await look(horde, caller, body)
+    in_force = horde.in_force()  # one snapshot: a live switch must not mix two gates in one pop
+    looked = await look(horde, caller, body, in_force)
     if isinstance(looked, Popped):
         return looked
     async with horde.transaction() as session:
         if looked is None:
             owner, named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
-            worker, job = await pop(session, horde, owner, body, worker=named)
+            worker, job = await pop(session, horde, owner, body, in_force=in_force, worker=named)
         else:
-            worker, job = await pop(session, horde, looked.owner, body, looked=looked)
+            worker, job = await pop(session, horde, looked.owner, body, in_force=in_force, looked=looked)
         if job is None:
             return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
         request = job.request

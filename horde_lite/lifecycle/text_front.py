@@ -26,7 +26,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import Worker, WorkerModel
 from horde_lite.lifecycle import admission, waiting
-from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.lifecycle.context import Caller, Horde, InForce
 from horde_lite.lifecycle.errors import HordeError
 from horde_lite.lifecycle.inputs import TextRequestInput
 from horde_lite.lifecycle.users import Requester
@@ -47,11 +47,11 @@ def _workers_of(model: str) -> Any:
 
 
 async def _online_limits(
-    session: AsyncSession, horde: Horde, model: str, requester_id: int
+    session: AsyncSession, horde: Horde, in_force: InForce, model: str, requester_id: int
 ) -> tuple[int | None, int | None]:
     """The largest max_length and max_context_length online workers for `model` declare (None: none
     online). A worker in maintenance counts only for its owner's requests, as everywhere."""
-    online_since = horde.rules(horde.clock.now()).online_since
+    online_since = in_force.rules(horde.clock.now()).online_since
     found = await session.execute(
         select(func.max(Worker.max_length), func.max(Worker.max_context_length)).where(
             _workers_of(model),
@@ -71,14 +71,16 @@ def _adjusted(requested: int, applied: int, reason: str) -> dict[str, Any]:
 def _spec_builder(
     horde: Horde, body: TextRequestInput, model: str, client_agent: str
 ) -> admission.SpecBuilder:
-    async def build(session: AsyncSession, requester: Requester) -> admission.AdmissionSpec:
+    async def build(
+        session: AsyncSession, requester: Requester, in_force: InForce
+    ) -> admission.AdmissionSpec:
         if (await session.execute(select(Worker.id).where(_workers_of(model)).limit(1))).first() is None:
             raise HordeError(
                 Rc.ModelNotFound,
                 f"The model {model!r} does not exist on this horde: no worker serves it.",
                 param="model",
             )
-        settings = horde.settings
+        settings = in_force.settings
         requested = body.params.get("max_length") or settings.chat.default_max_tokens
         limit = settings.request.max_length_limit
         if requested > limit:
@@ -87,7 +89,7 @@ def _spec_builder(
         applied = max(requested, MIN_MAX_LENGTH)
         if applied != requested:
             changes.append(_adjusted(requested, applied, "raised to the horde's minimum max_length"))
-        most, most_context = await _online_limits(session, horde, model, requester.user.id)
+        most, most_context = await _online_limits(session, horde, in_force, model, requester.user.id)
         if most is not None and applied > most:
             changes.append(
                 _adjusted(

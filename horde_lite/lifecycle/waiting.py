@@ -44,6 +44,7 @@ from sqlalchemy.orm import aliased
 from horde_lite.db.models import Generation, TextRequest, Worker
 from horde_lite.lifecycle import admission
 from horde_lite.lifecycle import status as status_rules
+from horde_lite.lifecycle.admission_rule import AdmissionOutcome
 from horde_lite.lifecycle.context import Caller, Horde
 from horde_lite.lifecycle.eligibility import eligibility_clauses
 from horde_lite.lifecycle.errors import HordeError
@@ -143,7 +144,7 @@ async def queue(
         model=model,
         created_at=result.created_at,
         stream=stream,
-        kudos=result.kudos if result.outcome == "funded" else 0.0,
+        kudos=result.kudos if result.outcome is AdmissionOutcome.FUNDED else 0.0,
         max_tokens=result.max_length,
         prompt_tokens=spec.prompt_tokens if prompt_tokens is None else prompt_tokens,
         context_adjustments=list(result.context_adjustments),
@@ -318,13 +319,31 @@ class Waiter:
         if check_eligible and unassigned:
             snap.eligible = await eligible_worker_count(session, horde, request_id, now)
             if snap.eligible == 0:
-                snap.gap = await admission.declaration_gap(session, horde, self.request.spec, now)
+                snap.gap = await admission.declaration_gap(session, horde.in_force(), self.request.spec, now)
         return snap
 
     async def _fail(self, error: HordeError) -> HordeError:
         await abandon(self.horde, self.request.request_id)
         log.info("front request failed request=%s rc=%s", self.request.request_id, error.rc)
         return error
+
+    async def _follow(self, snap: _Snapshot, now: float) -> None:
+        """A job followed whose generation ended without a result (its lease lapsed or it faulted)
+        fails the call once part of its answer was streamed; otherwise the request waits again."""
+        current = snap.processing.id if snap.processing is not None else None
+        if self.following is None or current == self.following:
+            return
+        if self.streamed:
+            raise await self._fail(
+                HordeError(
+                    "WorkerFailed",
+                    "The worker stopped after part of the answer was streamed (its lease lapsed or "
+                    "it reported a fault); the request was cancelled.",
+                )
+            )
+        log.info("front job restarted silently request=%s", self.request.request_id)
+        self.following = None
+        self.queued_since = now
 
     async def _step(self) -> _Snapshot:
         """One read: apply the waiting rules (raises HordeError) and note the next deadline."""
@@ -341,20 +360,7 @@ class Waiter:
             )
         if snap.finished is not None:
             return snap
-        current = snap.processing.id if snap.processing is not None else None
-        if self.following is not None and current != self.following:
-            # The job's generation ended without a result: its lease lapsed or it faulted.
-            if self.streamed:
-                raise await self._fail(
-                    HordeError(
-                        Rc.WorkerFailed,
-                        "The worker stopped after part of the answer was streamed (its lease lapsed or "
-                        "it reported a fault); the request was cancelled.",
-                    )
-                )
-            log.info("front job restarted silently request=%s", self.request.request_id)
-            self.following = None
-            self.queued_since = now
+        await self._follow(snap, now)
         if snap.state == "faulted":
             raise HordeError(
                 Rc.WorkerFailed,
