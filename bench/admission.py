@@ -34,7 +34,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from bench.soak_servers import LIMITS_OFF
+from horde_lite.accounts.users import ANONYMOUS_KEY, Requester, hash_key
+from horde_lite.accounts.workers import capacity_for
 from horde_lite.clock import ManualClock
+from horde_lite.core.context import Horde
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import (
@@ -47,14 +50,11 @@ from horde_lite.db.models import (
     Worker,
     WorkerModel,
 )
-from horde_lite.lifecycle import admission
-from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.estimate import estimate_request
-from horde_lite.lifecycle.inputs import ChatPayload, TextRequestInput
-from horde_lite.lifecycle.users import ANONYMOUS_KEY, Requester, hash_key
-from horde_lite.lifecycle.workers import capacity_for
+from horde_lite.inputs import ChatPayload, TextRequestInput
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import load_policies
+from horde_lite.queue.estimate import estimate_request
+from horde_lite.requests import admission
 from horde_lite.settings import Settings
 
 DEFAULT_PG = os.environ.get(

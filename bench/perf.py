@@ -51,13 +51,15 @@ from bench.admission import (
 )
 from bench.perf_cycles import CycleResult, run_cycles
 from bench.soak_servers import STACKS
+from horde_lite.accounts.users import hash_key
+from horde_lite.core.context import Caller, Horde
+from horde_lite.core.errors import HordeError
 from horde_lite.db.models import QueueEntry, RequestModel, TextRequest
-from horde_lite.lifecycle import dispatch, queue_index, status
-from horde_lite.lifecycle.admission import request_text
-from horde_lite.lifecycle.context import Caller, Horde
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import PopInput, TextRequestInput
-from horde_lite.lifecycle.users import hash_key
+from horde_lite.inputs import PopInput, TextRequestInput
+from horde_lite.jobs import dispatch
+from horde_lite.queue import queue_index
+from horde_lite.requests import status
+from horde_lite.requests.admission import request_text
 
 RESULTS = Path(__file__).with_name("results")
 SIZES = [1_000, 10_000, 100_000]

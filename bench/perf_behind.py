@@ -50,7 +50,7 @@ from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, se
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 from horde_lite.db.models import QueueEntry, TextRequest, Worker, WorkerModel
-from horde_lite.lifecycle.queue_index import MANY_MODELS
+from horde_lite.queue.queue_index import MANY_MODELS
 from horde_lite.settings import Settings
 
 CASES = ("running", "nsfw", "deny", "target", "models", "gate", "fleet", "gate-models", "gate-deny")

@@ -38,10 +38,10 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from horde_lite.clock import Clock
+from horde_lite.core.context import Horde
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import User
-from horde_lite.lifecycle.context import Horde
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import load_policies
 from horde_lite.settings import Settings

@@ -36,12 +36,12 @@ from bench.soak_servers import (
     server_env,
     terminate_connections,
 )
+from horde_lite.accounts import kudos as ledger
+from horde_lite.accounts.users import create_user
 from horde_lite.clock import Clock
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import Generation, TextRequest
-from horde_lite.lifecycle import kudos as ledger
-from horde_lite.lifecycle.users import create_user
 from tests.support.invariants import Report, check
 
 LEASE = 8.0

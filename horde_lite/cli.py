@@ -55,9 +55,9 @@ def _with_engine(work: Callable[..., Awaitable[T]]) -> T:
     """Run `work(engine, settings)` on the configured database, migrated first when behind. A
     refusal of the lifecycle (HordeError) and an unreachable database are clean errors."""
     from horde_lite.api.db_errors import database_unavailable
+    from horde_lite.core.errors import HordeError
     from horde_lite.db import migrate
     from horde_lite.db.engine import make_engine
-    from horde_lite.lifecycle.errors import HordeError
 
     settings = _settings()
     url = announce_database(settings.database.url)
@@ -151,7 +151,7 @@ def users() -> None:
 @click.option("--json", "as_json", is_flag=True, help="One JSON array instead of the table.")
 @click.option("--deleted", is_flag=True, help="Include deleted users (named deleted#ID).")
 def users_list(as_json: bool, deleted: bool) -> None:
-    from horde_lite.lifecycle.users import summaries
+    from horde_lite.accounts.users import summaries
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         return await summaries(session, include_deleted=deleted)
@@ -194,8 +194,8 @@ def _table(rows: Sequence[Any]) -> str:
 @click.option("--trusted", is_flag=True, help="Mark the user trusted.")
 @click.option("--moderator", is_flag=True, help="Make the user a moderator.")
 def users_create(name: str, kudos: float, trusted: bool, moderator: bool) -> None:
-    from horde_lite.lifecycle import kudos as ledger
-    from horde_lite.lifecycle.users import create_user, display_name
+    from horde_lite.accounts import kudos as ledger
+    from horde_lite.accounts.users import create_user, display_name
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         user, key = await create_user(session, name, now, trusted=trusted, moderator=moderator)
@@ -217,8 +217,8 @@ def users_create(name: str, kudos: float, trusted: bool, moderator: bool) -> Non
 @click.argument("amount", type=Amount())
 @click.option("--add", is_flag=True, help="Add AMOUNT instead of setting the balance to it.")
 def users_kudos(name: str, amount: float, add: bool) -> None:
-    from horde_lite.lifecycle import kudos as ledger
-    from horde_lite.lifecycle.users import display_name, find_by_name
+    from horde_lite.accounts import kudos as ledger
+    from horde_lite.accounts.users import display_name, find_by_name
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         user = await find_by_name(session, name)
@@ -242,7 +242,7 @@ def users_kudos(name: str, amount: float, add: bool) -> None:
 @click.option("--trusted/--untrusted", default=None, help="Trust the user's workers (or stop).")
 @click.option("--moderator/--no-moderator", default=None, help="Make the user a moderator (or stop).")
 def users_set(name: str, trusted: bool | None, moderator: bool | None) -> None:
-    from horde_lite.lifecycle.users import display_name, find_by_name, set_flags
+    from horde_lite.accounts.users import display_name, find_by_name, set_flags
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         user = await find_by_name(session, name)
@@ -257,7 +257,7 @@ def users_set(name: str, trusted: bool | None, moderator: bool | None) -> None:
                "key stops working at once, for the user's workers and dashboard sessions too.")  # fmt: skip
 @click.argument("name")
 def users_rotate_key(name: str) -> None:
-    from horde_lite.lifecycle.users import display_name, find_by_name, rotate_key
+    from horde_lite.accounts.users import display_name, find_by_name, rotate_key
 
     async def work(session, settings, now):  # type: ignore[no-untyped-def]
         user = await find_by_name(session, name)
@@ -274,7 +274,7 @@ def users_rotate_key(name: str) -> None:
 @click.argument("name")
 @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
 def users_delete(name: str, yes: bool) -> None:
-    from horde_lite.lifecycle.users import delete_user, find_by_name
+    from horde_lite.accounts.users import delete_user, find_by_name
 
     if not yes:
         click.confirm(f"Delete the user {name}? Its key, shared keys and workers stop working", abort=True)
@@ -325,7 +325,7 @@ def _policy_state(settings: Settings) -> tuple[dict | None, str]:  # type: ignor
     from sqlalchemy.engine import make_url
 
     from horde_lite.db.engine import make_engine, make_sessionmaker
-    from horde_lite.lifecycle.policy_state import read_state
+    from horde_lite.operators.policy_state import read_state
 
     url = make_url(announce_database(settings.database.url))
     if url.get_backend_name() == "sqlite" and not (url.database and os.path.exists(url.database)):
@@ -367,7 +367,7 @@ USE_HELP = ("Switch KIND to the policy NAME in every server process of this hord
 @click.option("--option", "raw_options", multiple=True, metavar="KEY=VALUE",
               help="An option of the policy (repeat); the options given replace the old ones.")  # fmt: skip
 def policies_use(kind: str, name: str, raw_options: tuple[str, ...]) -> None:
-    from horde_lite.lifecycle import policy_state
+    from horde_lite.operators import policy_state
     from horde_lite.policies.registry import PolicyError
 
     options = dict(_option(o) for o in raw_options)
@@ -393,7 +393,7 @@ def policies_use(kind: str, name: str, raw_options: tuple[str, ...]) -> None:
 def policies_history(limit: int) -> None:
     from datetime import UTC, datetime
 
-    from horde_lite.lifecycle import policy_state
+    from horde_lite.operators import policy_state
 
     async def work(engine, settings):  # type: ignore[no-untyped-def]
         return await policy_state.history(engine, limit)

@@ -24,13 +24,14 @@ from horde_lite.api.errors import UNROUTED_HANDLERS
 from horde_lite.api.horde import router as horde_router
 from horde_lite.api.metrics_route import metrics
 from horde_lite.clock import Clock
+from horde_lite.core.context import Horde
+from horde_lite.core.notify import start_listener
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.heap import freeze_startup_objects
-from horde_lite.lifecycle import lease, policy_state
-from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.notify import start_listener
+from horde_lite.jobs import lease
 from horde_lite.metrics import Metrics
+from horde_lite.operators import policy_state
 from horde_lite.policies.registry import load_policies
 from horde_lite.settings import Settings, masked
 

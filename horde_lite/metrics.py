@@ -39,7 +39,7 @@ from prometheus_client.metrics_core import (
     Metric,
 )
 
-from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES, AdmissionOutcome
+from horde_lite.requests.admission_rule import ADMISSION_OUTCOMES, AdmissionOutcome
 
 __all__ = [
     "ALLOWANCE_OUTCOMES",
@@ -191,7 +191,7 @@ WorkerKind = Literal["chat", "legacy"]
 JOB_EVENTS: Final[tuple[JobEvent, ...]] = get_args(JobEvent)
 WORKER_KINDS: Final[tuple[WorkerKind, ...]] = get_args(WorkerKind)
 _JOB_EVENT_SET: Final[frozenset[str]] = frozenset(JOB_EVENTS)
-# A job's end as the settlement names it (lifecycle/settlement.py) -> the event counted.
+# A job's end as the settlement names it (jobs/settlement.py) -> the event counted.
 _END_EVENTS: Final[dict[str, JobEvent]] = {
     "completed": "submitted",
     "faulted": "faulted",
@@ -267,7 +267,7 @@ class OnlineCount:
 
 @dataclass(frozen=True, slots=True)
 class OpsSnapshot:
-    """What the scrape-time gauges show, as read from the database (lifecycle/ops_metrics.py)."""
+    """What the scrape-time gauges show, as read from the database (operators/ops_metrics.py)."""
 
     waiting: Sequence[WaitingCount] = ()
     online: Sequence[OnlineCount] = ()

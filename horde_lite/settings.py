@@ -164,7 +164,7 @@ class RequestSettings(_Table):
     # A request is faulted once more than this many distinct OWNERS' workers failed it.
     max_failures: int = 2
     # A job's output (its streamed progress and its submitted result) holds at most
-    # max_length x this many characters, plus a fixed slack (lifecycle/output_bounds.py).
+    # max_length x this many characters, plus a fixed slack (jobs/output_bounds.py).
     output_chars_per_token: int = 16
     # The most worker ids one `workers` or `worker_blacklist` list may name.
     max_worker_list: int = 200
@@ -184,7 +184,7 @@ class ChatSettings(_Table):
     # PostgreSQL LISTEN/NOTIFY across processes), so this only bounds what no wake-up reaches.
     poll_seconds: float = 3.0
     # Accepted progress posts of one streaming job: at most progress_burst plus
-    # progress_per_second for every second since its pop (lifecycle/output_bounds.py).
+    # progress_per_second for every second since its pop (jobs/output_bounds.py).
     progress_per_second: float = 10.0
     progress_burst: int = 32
 

@@ -24,7 +24,7 @@ import click
 from sqlalchemy.engine import URL, make_url
 
 from horde_lite import __version__
-from horde_lite.lifecycle.prices import ModelSizes
+from horde_lite.requests.prices import ModelSizes
 from horde_lite.settings import (
     CONFIG_ENV,
     Settings,

@@ -21,11 +21,11 @@ from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.db.models import AdmissionRecord, AssignmentRecord
-from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES, outcome_for
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceCurve, AllowanceInputs, GateInputs, SpeedGate
 from horde_lite.policies.registry import build
+from horde_lite.requests.admission_rule import ADMISSION_OUTCOMES, outcome_for
 from horde_lite.settings import AllowanceSettings
 
 OUTCOMES = ADMISSION_OUTCOMES

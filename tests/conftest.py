@@ -25,9 +25,9 @@ from sqlalchemy.engine import make_url
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
+from horde_lite.core.context import Horde
 from horde_lite.db import migrate
 from horde_lite.db.models import Base
-from horde_lite.lifecycle.context import Horde
 from horde_lite.settings import Settings
 from tests.support.horde import HordeClient
 from tests.support.postgres import PostgresTarget, require_postgres, resolve_postgres

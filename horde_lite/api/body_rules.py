@@ -25,7 +25,7 @@ from litestar.enums import ScopeType
 from litestar.middleware import ASGIMiddleware
 from litestar.types import ASGIApp, Receive, Scope, Send
 
-from horde_lite.lifecycle.errors import HordeError
+from horde_lite.core.errors import HordeError
 from horde_lite.rc import Rc
 
 MAX_DEPTH = 64

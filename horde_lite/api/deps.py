@@ -10,7 +10,7 @@ from litestar.connection import ASGIConnection
 from litestar.datastructures import State
 from litestar.di import NamedDependency, Provide
 
-from horde_lite.lifecycle.context import Caller, Horde
+from horde_lite.core.context import Caller, Horde
 
 
 def provide_horde(state: State) -> Horde:

@@ -24,8 +24,8 @@ from litestar.types import ExceptionHandlersMap
 from sqlalchemy.exc import IntegrityError, SQLAlchemyError
 
 from horde_lite.api.db_errors import DRIVER_ERRORS, database_unavailable
+from horde_lite.core.errors import HordeError
 from horde_lite.db.bounds import BOUNDED_MARK
-from horde_lite.lifecycle.errors import HordeError
 from horde_lite.rc import Rc
 from horde_lite.settings import KUDOS_LIMIT
 

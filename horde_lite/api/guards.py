@@ -16,12 +16,12 @@ from typing import Any
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
+from horde_lite.accounts.users import authenticate, is_anonymous_key
 from horde_lite.api.deps import apikey_of
+from horde_lite.core.context import Horde
+from horde_lite.core.errors import HordeError
 from horde_lite.dashboard.queries import session_moderator
 from horde_lite.db.models import User
-from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.users import authenticate, is_anonymous_key
 from horde_lite.rc import Rc
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from litestar import Response, get
 
 from horde_lite.api.deps import HordeDep
-from horde_lite.lifecycle import ops_metrics
+from horde_lite.operators import ops_metrics
 
 
 @get("/metrics", include_in_schema=False)

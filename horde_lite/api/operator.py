@@ -13,7 +13,7 @@ from litestar import get
 
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import moderator_guard
-from horde_lite.lifecycle import policy_state
+from horde_lite.operators import policy_state
 
 
 class OperatorPolicy(msgspec.Struct, kw_only=True):

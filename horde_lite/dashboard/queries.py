@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite import whatif
+from horde_lite.core.context import Horde
 from horde_lite.db.models import (
     AdmissionRecord,
     AssignmentRecord,
@@ -30,13 +31,12 @@ from horde_lite.db.models import (
     User,
     Worker,
 )
-from horde_lite.lifecycle import policy_state
-from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES
-from horde_lite.lifecycle.context import Horde
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
+from horde_lite.operators import policy_state
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.policies.registry import CANDIDATES, PolicyError
+from horde_lite.requests.admission_rule import ADMISSION_OUTCOMES
 
 WINDOW_SECONDS = 24 * 3600.0  # the shadow and allowance panels: the last day
 CANDIDATE_WINDOW_SECONDS = 7 * 86400.0  # the candidate comparison: the last week

@@ -13,10 +13,10 @@ from typing import Any
 
 from jinja2 import Environment
 
+from horde_lite.core.context import Horde
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
-from horde_lite.lifecycle.admission_rule import AdmissionOutcome
-from horde_lite.lifecycle.context import Horde
+from horde_lite.requests.admission_rule import AdmissionOutcome
 
 HERE = Path(__file__).parent
 TEMPLATES = HERE / "templates"

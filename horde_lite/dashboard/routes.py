@@ -24,9 +24,9 @@ from litestar.template.config import TemplateConfig
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import Door, Refused, moderator, moderator_guard, viewer_of
 from horde_lite.api.static_files import static_files_router
+from horde_lite.core.context import Horde
 from horde_lite.dashboard import queries
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
-from horde_lite.lifecycle.context import Horde
 from horde_lite.rc import Rc
 
 COOKIE = "horde_lite_dashboard"

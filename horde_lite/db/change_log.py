@@ -1,7 +1,7 @@
 """The change log: one row per change to a request or a worker that the wait estimate reads, written
 by the database's own triggers (migrations 0009, 0010 and 0020), so no code path can forget one.
 
-Each process keeps the waiting queue and the fleet in memory (lifecycle/mirror.py) and catches up
+Each process keeps the waiting queue and the fleet in memory (queue/mirror.py) and catches up
 by reading the rows written since it last read. Rows arrive in the order their transactions commit
 only on SQLite (one writer at a time); on PostgreSQL a transaction running when a reader reads may
 commit rows with smaller ids later, so a reader also re-asks for the rows of the transactions that

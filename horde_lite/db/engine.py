@@ -82,7 +82,7 @@ def make_engine(
     url: str, echo: bool = False, *, null_pool: bool = False, reader: bool = False
 ) -> AsyncEngine:
     """The app's engine; `reader`: one connection for a process's copy of the queue and the fleet
-    (lifecycle/mirror.py), which only reads, each statement on its own (autocommit): on SQLite it
+    (queue/mirror.py), which only reads, each statement on its own (autocommit): on SQLite it
     must not take the write lock that the transaction waiting on it holds."""
     kwargs: dict[str, Any] = {"echo": echo}
     _default_directory(url)

@@ -46,7 +46,7 @@ class User(Base):
     anonymous: Mapped[bool] = mapped_column(Boolean, default=False)
     created_at: Mapped[float] = mapped_column(Float)
     # When the user's workers' newest real jobs failed (faulted or lapsed), inside the owner
-    # failure window and at most `[worker] owner_failure_limit` of them (lifecycle/owner_limits.py).
+    # failure window and at most `[worker] owner_failure_limit` of them (accounts/owner_limits.py).
     recent_failures: Mapped[list[float]] = mapped_column(JsonList, default=list, server_default="[]")
     # Until then the user's workers are held in maintenance: a check-in puts one back in.
     failure_cooldown_until: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
@@ -108,7 +108,7 @@ class Worker(Base):
 
     id: Mapped[str] = mapped_column(ID, primary_key=True)
     name: Mapped[str] = mapped_column(String(100))
-    # The name as compared (lifecycle/workers.py worker_name_key): unique, so two workers can never
+    # The name as compared (accounts/workers.py worker_name_key): unique, so two workers can never
     # share a name up to case, Unicode form or spacing on either database. NULL once deleted.
     name_key: Mapped[str | None] = mapped_column(String(100), nullable=True, unique=True)
     info: Mapped[str] = mapped_column(String(1000), default="", server_default="")
@@ -214,7 +214,7 @@ class TextRequest(Base):
     created_at: Mapped[float] = mapped_column(Float)
     expires_at: Mapped[float] = mapped_column(Float, index=True)
     kudos_spent: Mapped[float] = mapped_column(Float, default=0.0)
-    # The price fixed at admission (lifecycle/prices.py): the most one job may be charged, burn
+    # The price fixed at admission (requests/prices.py): the most one job may be charged, burn
     # included, and the context tokens its jobs are rewarded at.
     job_price: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     price_context: Mapped[int] = mapped_column(Integer, default=1, server_default="1")
@@ -234,7 +234,7 @@ class RequestModel(Base):
 
 
 class QueueEntry(Base):
-    """The queue's index (lifecycle/queue_index.py): one row per waiting request, model it asks
+    """The queue's index (queue/queue_index.py): one row per waiting request, model it asks
     for ("" for a request any model serves) and worker it targets ("" for a request that targets
     none), in queue order, with the limits a worker must meet.
     A hint beside the truth: readers judge the request row itself, so a stale entry costs a skipped

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 
 from horde_lite.demo.load import KINDS, Tally
-from horde_lite.lifecycle.admission_rule import ADMISSION_OUTCOMES
+from horde_lite.requests.admission_rule import ADMISSION_OUTCOMES
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
 _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import httpx
 
+from horde_lite.accounts import kudos as ledger
+from horde_lite.accounts.users import create_user
 from horde_lite.clock import Clock
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
-from horde_lite.lifecycle import kudos as ledger
-from horde_lite.lifecycle.users import create_user
 
 
 def free_port() -> int:

@@ -78,7 +78,7 @@ class Policies:
     shadow_metrics: ShadowMetrics
     names: dict[str, str]
     # What was built, per kind: its options and the policy_state version it applies (0: from the
-    # settings, not yet matched with the database; lifecycle/policy_state.py swaps the whole object).
+    # settings, not yet matched with the database; operators/policy_state.py swaps the whole object).
     options: dict[str, dict[str, Any]] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
     # Candidates judged in shadow beside the ones in force, never applied (None: none configured).

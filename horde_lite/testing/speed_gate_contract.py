@@ -2,7 +2,7 @@
 
 A speed gate supplies one offer rule twice (docs/reference/policies.md): `admits_sql`, which the pop
 query applies in its WHERE clause, and `admits`, which the Python mirror of the eligibility check
-(`horde_lite.lifecycle.eligibility.is_eligible`) reads. If the two disagree, the pop hands out jobs
+(`horde_lite.queue.eligibility.is_eligible`) reads. If the two disagree, the pop hands out jobs
 the status route, the wait estimate and worker availability think impossible, or the other way
 round. This module checks them against each other on a real, migrated database, for fleets of
 workers and queues of requests generated with hypothesis, so a third-party gate can run exactly
@@ -57,6 +57,7 @@ from sqlalchemy import func, insert, select, true
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 from sqlalchemy.orm import aliased
 
+from horde_lite.accounts.workers import capacity_for
 from horde_lite.db.models import (
     QueueEntry,
     RequestModel,
@@ -65,7 +66,8 @@ from horde_lite.db.models import (
     Worker,
     WorkerModel,
 )
-from horde_lite.lifecycle.eligibility import (
+from horde_lite.policies.protocols import GateInputs, SpeedGate
+from horde_lite.queue.eligibility import (
     RequestFacts,
     Rules,
     WorkerFacts,
@@ -76,8 +78,6 @@ from horde_lite.lifecycle.eligibility import (
     is_eligible,
     speed_gate_admits_sql,
 )
-from horde_lite.lifecycle.workers import capacity_for
-from horde_lite.policies.protocols import GateInputs, SpeedGate
 from horde_lite.settings import Settings
 
 __all__ = [

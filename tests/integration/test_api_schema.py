@@ -24,10 +24,10 @@ from schemathesis.checks import load_all_checks, not_a_server_error
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from horde_lite import __version__
+from horde_lite.accounts.users import create_user
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
-from horde_lite.lifecycle.users import create_user
 from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
 

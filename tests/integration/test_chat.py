@@ -17,7 +17,7 @@ from sqlalchemy.util import await_only
 
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import READ_ONLY
-from horde_lite.lifecycle.prices import context_multiplier
+from horde_lite.requests.prices import context_multiplier
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
 from tests.support.chat import (

@@ -18,11 +18,11 @@ import pytest
 
 from horde_lite.api.openai.schemas import ChatCompletionInput, to_payload
 from horde_lite.clock import ManualClock
+from horde_lite.core.context import Caller
 from horde_lite.db.engine import READ_ONLY
-from horde_lite.lifecycle import chat_front
-from horde_lite.lifecycle import output_bounds as bounds
-from horde_lite.lifecycle.context import Caller
-from horde_lite.lifecycle.waiting import Delta, Final, Waiter
+from horde_lite.fronts import chat_front
+from horde_lite.fronts.waiting import Delta, Final, Waiter
+from horde_lite.jobs import output_bounds as bounds
 from horde_lite.settings import Settings
 from tests.support.chat import (
     MODEL,
@@ -371,7 +371,7 @@ async def test_tool_call_fragments_posted_after_the_last_read_reach_the_stream(c
         waiter.close()
 
 
-# --- bounds (lifecycle/output_bounds.py) --------------------------------------------------------------------
+# --- bounds (jobs/output_bounds.py) --------------------------------------------------------------------
 
 
 async def test_streamed_output_is_bounded_by_the_jobs_tokens(chat: Chat) -> None:

@@ -23,11 +23,11 @@ import httpx
 import pytest
 from sqlalchemy import select
 
+from horde_lite.accounts.users import set_flags
 from horde_lite.dashboard.render import PANELS
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import User
 from horde_lite.demo.server import make_users
-from horde_lite.lifecycle.users import set_flags
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
 from tests.support.cdp import browser_page

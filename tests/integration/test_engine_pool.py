@@ -14,8 +14,8 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 
 from horde_lite.app import create_app
+from horde_lite.core.context import Horde
 from horde_lite.db.engine import connect_to_read, make_engine
-from horde_lite.lifecycle.context import Horde
 from tests.conftest import is_postgres, make_settings
 
 

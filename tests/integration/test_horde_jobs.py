@@ -15,11 +15,12 @@ import msgspec
 import pytest
 from sqlalchemy import select, text
 
+from horde_lite.accounts.workers import CHECK_IN_RESOLUTION
+from horde_lite.core.context import Caller
 from horde_lite.db.models import Generation, User, Worker
-from horde_lite.lifecycle import dispatch, status
-from horde_lite.lifecycle.context import Caller
-from horde_lite.lifecycle.inputs import PopInput
-from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
+from horde_lite.inputs import PopInput
+from horde_lite.jobs import dispatch
+from horde_lite.requests import status
 from tests.conftest import is_postgres
 from tests.support.horde import ANON, HordeClient, quote
 from tests.support.statements import statements_sent

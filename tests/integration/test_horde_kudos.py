@@ -27,7 +27,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.lifecycle.prices import context_multiplier
+from horde_lite.requests.prices import context_multiplier
 from tests.support.horde import ANON, HordeClient
 from tests.support.statements import statements_sent
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from horde_lite.lifecycle.users import hash_key
+from horde_lite.accounts.users import hash_key
 from tests.support.horde import ANON, HordeClient
 
 DAY = 86400

@@ -7,7 +7,7 @@ import asyncio
 
 from sqlalchemy import text
 
-from horde_lite.lifecycle.users import hash_key
+from horde_lite.accounts.users import hash_key
 from tests.integration.test_horde_jobs import _post_blocking
 from tests.support.horde import ANON, HordeClient
 

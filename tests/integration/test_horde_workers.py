@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import text
 
-from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
+from horde_lite.accounts.workers import CHECK_IN_RESOLUTION
 from tests.support.horde import ANON, HordeClient
 
 

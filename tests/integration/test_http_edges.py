@@ -25,9 +25,9 @@ from horde_lite.api.logfilter import RedactKeys, redact
 from horde_lite.api.ratelimit import rate_limit_middleware
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
+from horde_lite.core.context import Horde
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.demo.server import make_users
-from horde_lite.lifecycle.context import Horde
 from horde_lite.settings import RateLimitSettings
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient

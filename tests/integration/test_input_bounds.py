@@ -1,5 +1,5 @@
-"""Bounded input where it enters: a job's submitted output (lifecycle/output_bounds.py), a request's
-worker lists (lifecycle/worker_lists.py) and the waiting caps under concurrent creations
+"""Bounded input where it enters: a job's submitted output (jobs/output_bounds.py), a request's
+worker lists (requests/worker_lists.py) and the waiting caps under concurrent creations
 (admission._too_many). Over HTTP, on SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from horde_lite.lifecycle import output_bounds as bounds
+from horde_lite.jobs import output_bounds as bounds
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
 from tests.integration.test_horde_jobs import _post_blocking

@@ -39,9 +39,9 @@ from hypothesis.stateful import (
 )
 from sqlalchemy import select, update
 
+from horde_lite.accounts import kudos as ledger
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Generation, TextRequest, User
-from horde_lite.lifecycle import kudos as ledger
 from tests.conftest import is_postgres, make_settings, truncate_pg
 from tests.support.chat import CHAT_BLOCK, MODEL, Chat, open_chat
 from tests.support.horde import ANON, HordeClient

@@ -1,4 +1,4 @@
-"""Each process's copy of the queue and the fleet (lifecycle/mirror.py), which the wait estimate
+"""Each process's copy of the queue and the fleet (queue/mirror.py), which the wait estimate
 reads: it follows every commit made before an estimate, by this process or another, through the
 change log the database's triggers write; it stops at the horizon; and it reads the queue from
 memory, one short statement a catch-up."""
@@ -16,7 +16,7 @@ from sqlalchemy import text
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db import change_log
-from horde_lite.lifecycle.estimate import Estimate, estimate_request
+from horde_lite.queue.estimate import Estimate, estimate_request
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
 from tests.support.invariants import copy_matches_the_database

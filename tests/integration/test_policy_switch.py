@@ -23,13 +23,13 @@ import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import func, select
 
+from horde_lite.accounts import kudos as ledger
+from horde_lite.accounts.users import create_user
 from horde_lite.app import create_app
 from horde_lite.clock import Clock, ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
-from horde_lite.lifecycle import kudos as ledger
-from horde_lite.lifecycle import policy_state
-from horde_lite.lifecycle.users import create_user
+from horde_lite.operators import policy_state
 from horde_lite.policies.registry import PolicyError
 from tests.conftest import make_settings
 from tests.support.horde import HordeClient

@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import text
 from sqlalchemy.exc import IntegrityError
 
-from horde_lite.lifecycle.prices import BURN, context_multiplier
+from horde_lite.requests.prices import BURN, context_multiplier
 from horde_lite.settings import KUDOS_LIMIT
 from tests.integration.test_horde_requests import custom_client
 from tests.support.horde import ANON, HordeClient

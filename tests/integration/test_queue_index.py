@@ -9,8 +9,9 @@ from typing import Any
 import pytest
 from sqlalchemy import text
 
-from horde_lite.lifecycle import dispatch, queue_index
-from horde_lite.lifecycle.workers import CHECK_IN_RESOLUTION
+from horde_lite.accounts.workers import CHECK_IN_RESOLUTION
+from horde_lite.jobs import dispatch
+from horde_lite.queue import queue_index
 from tests.support.horde import ANON, HordeClient
 from tests.support.statements import statements_sent
 

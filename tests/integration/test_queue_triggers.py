@@ -23,8 +23,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from horde_lite.db.engine import make_engine
 from horde_lite.db.models import QueueEntry, QueueOwnerRefusal, QueueRefusal, TextRequest, User
-from horde_lite.lifecycle.mirror import NOTED_REQUEST_COLUMNS, NOTED_WORKER_COLUMNS
-from horde_lite.lifecycle.queue_index import ENTRY_SOURCE_COLUMNS, REFUSAL_SOURCE_COLUMNS
+from horde_lite.queue.mirror import NOTED_REQUEST_COLUMNS, NOTED_WORKER_COLUMNS
+from horde_lite.queue.queue_index import ENTRY_SOURCE_COLUMNS, REFUSAL_SOURCE_COLUMNS
 from tests.support.queue_oracle import entry_rows, has_entries, refusal_rows
 
 _USER = {"id": 1, "username": "u", "api_key_hash": "h", "kudos": 0.0, "trusted": False, "moderator": False,

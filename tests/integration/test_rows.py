@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 from sqlalchemy import inspect, select
 
+from horde_lite.accounts.kudos import hold_key
 from horde_lite.db.models import AdmissionRecord, Base, KudosHold, TextRequest, User
 from horde_lite.db.rows import insert_rows
-from horde_lite.lifecycle.kudos import hold_key
 from tests.support.horde import HordeClient
 
 

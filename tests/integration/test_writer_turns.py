@@ -7,7 +7,7 @@ import asyncio
 
 from sqlalchemy import text
 
-from horde_lite.lifecycle.context import Horde
+from horde_lite.core.context import Horde
 
 
 async def test_transactions_take_turns_in_arrival_order_on_sqlite_only(horde: Horde) -> None:

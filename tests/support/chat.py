@@ -29,8 +29,8 @@ from sqlalchemy import func, select
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
+from horde_lite.core.context import Horde
 from horde_lite.db.models import Generation, KudosHold, TextRequest
-from horde_lite.lifecycle.context import Horde
 from horde_lite.settings import Settings
 from tests.support.horde import ANON, HordeClient
 

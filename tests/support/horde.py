@@ -10,20 +10,21 @@ import httpx
 from litestar.testing import AsyncTestClient
 from sqlalchemy import select, update
 
+from horde_lite.accounts import kudos as ledger
+from horde_lite.accounts.users import create_user
+from horde_lite.accounts.workers import capacity_for
 from horde_lite.clock import ManualClock
+from horde_lite.core.context import Horde
 from horde_lite.db.models import TextRequest, User, Worker
-from horde_lite.lifecycle import kudos as ledger
-from horde_lite.lifecycle import lease, prices
-from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.users import create_user
-from horde_lite.lifecycle.workers import capacity_for
+from horde_lite.jobs import lease
+from horde_lite.requests import prices
 
 ANON = "0000000000"
 
 
 def quote(max_length: int, billions: float, context: int, n: int = 1) -> float:
     """A request's price as documented (docs/reference/horde_api.md, "Kudos"), written out here
-    independently of lifecycle/prices.py: upstream's quote plus the burn of 1, per job, times n."""
+    independently of requests/prices.py: upstream's quote plus the burn of 1, per job, times n."""
     multiplier = min(max(1.2 + 2.2 ** math.log2(context / 1024), 0.1), 30.0)
     bonus = (max(billions, 13) / 13) ** 0.2
     return round(round(max_length * bonus * billions * multiplier / 100 + 1, 2) * n, 2)

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import select
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from horde_lite.core.context import Horde
 from horde_lite.db.models import (
     Generation,
     KudosEvent,
@@ -47,9 +48,8 @@ from horde_lite.db.models import (
     TextRequest,
     User,
 )
-from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.mirror import QueueMirror
-from horde_lite.lifecycle.queue_index import TARGET_ENTRIES, TARGET_LENGTH
+from horde_lite.queue.mirror import QueueMirror
+from horde_lite.queue.queue_index import TARGET_ENTRIES, TARGET_LENGTH
 from horde_lite.settings import KUDOS_LIMIT
 
 FINISHED = ("ok", "censored")
@@ -355,7 +355,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
 
 
 async def copy_matches_the_database(horde: Horde) -> None:
-    """The app's copy of the queue and the fleet (lifecycle/mirror.py), caught up, holds what a
+    """The app's copy of the queue and the fleet (queue/mirror.py), caught up, holds what a
     fresh load of the database reads. Calls running in the background (a /v1 client waiting) may
     commit between the two reads: the load is compared with the copy read before it and after it
     when those two agree (nothing changed meanwhile), a few times over."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from horde_lite.lifecycle.queue_index import ANY_MODEL, ANY_WORKER, TARGET_ENTRIES, TARGET_LENGTH
+from horde_lite.queue.queue_index import ANY_MODEL, ANY_WORKER, TARGET_ENTRIES, TARGET_LENGTH
 
 
 def targets(request: Mapping[str, Any], models: int) -> list[str]:

@@ -1,4 +1,4 @@
-"""Admission's decision as pure functions (lifecycle/admission_rule.py), without a database: what
+"""Admission's decision as pure functions (requests/admission_rule.py), without a database: what
 admission does with a request given what it read. The reads, locks and writes around it are
 exercised through HTTP in tests/integration/test_horde_requests.py and test_horde_kudos.py."""
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from horde_lite.lifecycle.admission_rule import (
+from horde_lite.metrics import ALLOWANCE_OUTCOMES
+from horde_lite.requests.admission_rule import (
     ADMISSION_OUTCOMES,
     AdmissionFacts,
     AdmissionOutcome,
@@ -22,7 +23,6 @@ from horde_lite.lifecycle.admission_rule import (
     needs_spendable,
     outcome_for,
 )
-from horde_lite.metrics import ALLOWANCE_OUTCOMES
 
 FREE, FUNDED, DOWNGRADED, REFUSED = (
     AdmissionOutcome.FREE,

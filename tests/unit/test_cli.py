@@ -20,10 +20,10 @@ from sqlalchemy import select, text
 from sqlalchemy.engine import make_url
 
 from horde_lite import cli
+from horde_lite.accounts.users import hash_key
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import KudosEvent, User, Worker
-from horde_lite.lifecycle.users import hash_key
 from horde_lite.settings import masked
 from tests.support.cli import point_settings_at, query
 

@@ -16,9 +16,9 @@ from horde_sdk.ai_horde_api.apimodels import ListUsersDetailsResponse
 from sqlalchemy import select, text
 
 from horde_lite import cli
+from horde_lite.accounts.users import new_api_key
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import KudosEvent, SharedKey, User, Worker
-from horde_lite.lifecycle.users import new_api_key
 from tests.support.cli import point_settings_at, query
 from tests.support.horde import ANON, HordeClient
 

@@ -10,7 +10,7 @@ from litestar import Litestar, Request
 from horde_lite.api.errors import HORDE_HANDLERS, OPENAI_HANDLERS, UNROUTED_HANDLERS
 from horde_lite.api.horde import router as horde_router
 from horde_lite.api.openai import router as openai_router
-from horde_lite.lifecycle.errors import HordeError
+from horde_lite.core.errors import HordeError
 from horde_lite.rc import Rc
 
 

@@ -1,4 +1,4 @@
-"""The wait estimate over a process's copy of the queue and the fleet (lifecycle/mirror.py) judges
+"""The wait estimate over a process's copy of the queue and the fleet (queue/mirror.py) judges
 classes of requests once, as masks of worker slots, and applies online status, maintenance and the
 capable question at reading time. That is only sound if the answer is the one eligibility check's,
 pair by pair: checked here against `is_eligible` for every worker and every queued request, under
@@ -15,7 +15,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from horde_lite.lifecycle.eligibility import (
+from horde_lite.policies.registry import installed, load_policies
+from horde_lite.queue.eligibility import (
     REQUEST_FACT_COLUMNS,
     WORKER_FACT_COLUMNS,
     RequestFacts,
@@ -24,8 +25,7 @@ from horde_lite.lifecycle.eligibility import (
     is_eligible,
     request_facts_of,
 )
-from horde_lite.lifecycle.mirror import Queued, QueueMirror
-from horde_lite.policies.registry import installed, load_policies
+from horde_lite.queue.mirror import Queued, QueueMirror
 from horde_lite.settings import PoliciesSettings, Settings
 
 NOW = 1_000_000.0

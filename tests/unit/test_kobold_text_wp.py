@@ -20,14 +20,15 @@ from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 
+from horde_lite.accounts.users import authenticate
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
+from horde_lite.core.errors import HordeError
 from horde_lite.db.models import AdmissionRecord, KudosHold, TextRequest
-from horde_lite.lifecycle import admission, policy_state
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import TextRequestInput
-from horde_lite.lifecycle.users import authenticate
+from horde_lite.inputs import TextRequestInput
+from horde_lite.operators import policy_state
 from horde_lite.policies.protocols import AllowanceInputs
+from horde_lite.requests import admission
 from horde_lite.settings import AllowanceSettings
 from horde_lite_policies.allowance_estimated_wait import EstimatedWait
 from horde_lite_policies.allowance_horde_queue import HordeQueue

@@ -1,4 +1,4 @@
-"""The pop's choices as pure functions (lifecycle/pop_rule.py), without a database: how a pop goes
+"""The pop's choices as pure functions (jobs/pop_rule.py), without a database: how a pop goes
 on after its reads outside any transaction, and what it does with the request its claim found.
 The statements around them are counted in tests/integration/test_queue_index.py and
 tests/integration/test_horde_jobs.py."""
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from horde_lite.lifecycle.pop_rule import PopPath, Seen, counts_pop, path, take
+from horde_lite.jobs.pop_rule import PopPath, Seen, counts_pop, path, take
 
 
 def test_a_key_or_name_not_found_goes_the_whole_way_in_the_transaction() -> None:

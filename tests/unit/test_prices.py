@@ -1,4 +1,4 @@
-"""Prices and rewards as pure functions (lifecycle/prices.py): model sizes, the quote fixed at
+"""Prices and rewards as pure functions (requests/prices.py): model sizes, the quote fixed at
 admission, upstream's reward, and the rule that no reward exceeds its job's share of the quote.
 
 The ledger, holds and settlement are exercised through HTTP in tests/integration/test_horde_kudos.py
@@ -15,8 +15,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from horde_lite.lifecycle.kudos import hold_key
-from horde_lite.lifecycle.prices import (
+from horde_lite.accounts.kudos import hold_key
+from horde_lite.requests.prices import (
     BURN,
     ModelSizes,
     context_multiplier,

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import horde_lite
 from horde_lite.api.errors import OPENAI_CODES, RETRYABLE_RCS
-from horde_lite.lifecycle.errors import HordeError
+from horde_lite.core.errors import HordeError
 from horde_lite.rc import Rc
 
 PACKAGE = Path(horde_lite.__file__).parent

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
 from sqlalchemy import bindparam, delete, literal, select
 
+from horde_lite.accounts.workers import capacity_for, worker_name_key
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
@@ -32,16 +33,15 @@ from horde_lite.db.sqltypes import (
     TextArraysOverlap,
     TextList,
 )
-from horde_lite.lifecycle import dispatch
-from horde_lite.lifecycle.eligibility import (
+from horde_lite.inputs import ChatBlock, PopInput
+from horde_lite.jobs import dispatch
+from horde_lite.queue.eligibility import (
     RequestFacts,
     is_eligible,
     request_facts,
     worker_facts,
 )
-from horde_lite.lifecycle.estimate import Estimate, estimate_request
-from horde_lite.lifecycle.inputs import ChatBlock, PopInput
-from horde_lite.lifecycle.workers import capacity_for, worker_name_key
+from horde_lite.queue.estimate import Estimate, estimate_request
 from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
 

@@ -31,8 +31,9 @@ from horde_lite.api.horde.schemas import (
     SubmitInput,
     TextRequestInput,
 )
-from horde_lite.lifecycle import admission, completion, dispatch
-from horde_lite.lifecycle import status as status_rules
+from horde_lite.jobs import completion, dispatch
+from horde_lite.requests import admission
+from horde_lite.requests import status as status_rules
 
 # --- building the answers from the lifecycle's typed results ----------------------------------------
 

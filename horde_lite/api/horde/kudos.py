@@ -5,9 +5,9 @@ from __future__ import annotations
 from litestar import post
 from litestar.params import JSONBody
 
+from horde_lite.accounts import transfers
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import KudosTransferInput, KudosTransferred
-from horde_lite.lifecycle import transfers
 
 
 @post("/kudos/transfer", status_code=200)

@@ -9,7 +9,7 @@ from litestar.params import JSONBody
 
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import GenerationProgress, ProgressInput
-from horde_lite.lifecycle import progress
+from horde_lite.jobs import progress
 
 
 def progress_answer(answer: progress.ProgressAnswer) -> GenerationProgress:

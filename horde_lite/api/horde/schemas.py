@@ -1,6 +1,6 @@
 """Wire structs of the horde face (/api/v2): the exact bodies clients send and receive.
 
-Request bodies are the lifecycle's input structs (``horde_lite.lifecycle.inputs``), re-exported here so the
+Request bodies are the lifecycle's input structs (``horde_lite.inputs``), re-exported here so the
 face names every shape it speaks in one module. Response structs carry upstream's exact field names; the
 face builds them from the typed results its lifecycle entry points return, so the OpenAPI schema Litestar
 generates from them is the wire.
@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, UnsetType
 
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
-from horde_lite.lifecycle.inputs import (  # noqa: F401
+from horde_lite.inputs import (  # noqa: F401
     KudosTransferInput,
     PopInput,
     ProgressInput,

@@ -6,7 +6,7 @@ from litestar import get
 
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.horde.schemas import SinglePeriodTxtStat, StatsTxtTotals, TxtModelStats
-from horde_lite.lifecycle import stats
+from horde_lite.operators import stats
 
 
 @get("/stats/text/totals")

@@ -8,7 +8,7 @@ from litestar.params import FromPath, FromQuery
 import horde_lite
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import ActiveModel, Heartbeat, HordeModes, HordePerformance, Newspiece
-from horde_lite.lifecycle import catalogue, stats
+from horde_lite.operators import catalogue, stats
 
 
 def active_models(found: list[catalogue.ModelStatus]) -> list[ActiveModel]:

@@ -8,6 +8,7 @@ from litestar import delete, get, patch, put, route
 from litestar.params import FromPath, FromQuery, JSONBody
 from msgspec import UNSET, UnsetType
 
+from horde_lite.accounts import profiles, sharedkeys
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import (
     ContributionsDetails,
@@ -23,7 +24,6 @@ from horde_lite.api.horde.schemas import (
     UserThingRecords,
     UserUpdate,
 )
-from horde_lite.lifecycle import profiles, sharedkeys
 
 T = TypeVar("T")
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from litestar import delete, get, put
 from litestar.params import FromPath, FromQuery, JSONBody
 
+from horde_lite.accounts import workers
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import (
     DeletedWorker,
@@ -15,7 +16,6 @@ from horde_lite.api.horde.schemas import (
     WorkerKudosDetails,
     WorkerUpdate,
 )
-from horde_lite.lifecycle import workers
 
 
 def worker_details(found: workers.WorkerRecord) -> WorkerDetails:

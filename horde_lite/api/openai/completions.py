@@ -12,8 +12,8 @@ from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai import schemas
 from horde_lite.api.openai.schemas import ChatCompletion, ChatCompletionInput, ChatCompletionQuote
 from horde_lite.api.openai.streaming import Answer, EventStreamOperation, Render, respond
-from horde_lite.lifecycle import chat_front
-from horde_lite.lifecycle.waiting import Delta, Final
+from horde_lite.fronts import chat_front
+from horde_lite.fronts.waiting import Delta, Final
 
 
 class ChatRender(Render):

@@ -7,8 +7,8 @@ from litestar.params import FromPath
 
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai.schemas import Model, ModelList
-from horde_lite.lifecycle.catalogue import list_chat_models
-from horde_lite.lifecycle.errors import HordeError
+from horde_lite.core.errors import HordeError
+from horde_lite.operators.catalogue import list_chat_models
 from horde_lite.rc import Rc
 
 

@@ -10,10 +10,10 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
-from horde_lite.lifecycle.chat_front import Quote
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.inputs import ChatMessage, ChatOptions, ChatPayload, TextRequestInput
-from horde_lite.lifecycle.waiting import Final, FrontRequest
+from horde_lite.core.errors import HordeError
+from horde_lite.fronts.chat_front import Quote
+from horde_lite.fronts.waiting import Final, FrontRequest
+from horde_lite.inputs import ChatMessage, ChatOptions, ChatPayload, TextRequestInput
 from horde_lite.rc import Rc
 
 Positive = Annotated[int, msgspec.Meta(gt=0, le=2**31 - 1)]

@@ -26,10 +26,10 @@ from litestar.response import ServerSentEvent, ServerSentEventMessage
 from horde_lite.api.db_errors import database_unavailable
 from horde_lite.api.errors import openai_body
 from horde_lite.api.openai import schemas
-from horde_lite.lifecycle import waiting
-from horde_lite.lifecycle.context import Horde
-from horde_lite.lifecycle.errors import HordeError
-from horde_lite.lifecycle.waiting import Delta, Final, FrontRequest, KeepAlive, Waiter
+from horde_lite.core.context import Horde
+from horde_lite.core.errors import HordeError
+from horde_lite.fronts import waiting
+from horde_lite.fronts.waiting import Delta, Final, FrontRequest, KeepAlive, Waiter
 from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.openai")

@@ -14,8 +14,8 @@ from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai import schemas
 from horde_lite.api.openai.schemas import CompletionInput, TextCompletion
 from horde_lite.api.openai.streaming import Answer, EventStreamOperation, Render, respond
-from horde_lite.lifecycle import text_front
-from horde_lite.lifecycle.waiting import Final
+from horde_lite.fronts import text_front
+from horde_lite.fronts.waiting import Final
 
 
 class TextRender(Render):

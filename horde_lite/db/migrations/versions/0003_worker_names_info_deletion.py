@@ -19,7 +19,7 @@ depends_on = None
 
 
 def _name_key(name: str) -> str:
-    """A frozen copy of lifecycle/workers.py's worker_name_key as of this revision."""
+    """A frozen copy of accounts/workers.py's worker_name_key as of this revision."""
     spaced = " ".join(unicodedata.normalize("NFKC", name).split())
     return unicodedata.normalize("NFKC", spaced.casefold())[:100]
 

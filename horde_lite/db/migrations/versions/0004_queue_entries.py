@@ -42,7 +42,7 @@ def upgrade() -> None:
         batch_op.drop_index("ix_text_requests_queue")
         batch_op.create_index("ix_text_requests_queue", ["state", "effective_start", "created_at", "id"])
     # The waiting requests of an existing horde enter the index (a frozen copy of
-    # lifecycle/queue_index.py's entries as of this revision).
+    # queue/queue_index.py's entries as of this revision).
     need = (
         "r.max_length, CASE WHEN r.is_chat THEN r.prompt_tokens + r.max_length ELSE r.max_context_length END"
     )

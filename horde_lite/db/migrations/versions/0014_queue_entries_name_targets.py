@@ -21,7 +21,7 @@ depends_on = None
 
 _WALK = ["model", "effective_start", "created_at", "request_id", "is_chat", "need_length", "need_context",
          "nsfw", "trusted_workers", "slow_workers"]  # fmt: skip
-# Frozen copies of lifecycle/queue_index.py's rule as of this revision.
+# Frozen copies of queue/queue_index.py's rule as of this revision.
 _TARGET_ENTRIES = 16
 _TARGET_LENGTH = 36
 

@@ -32,7 +32,7 @@ def upgrade() -> None:
     with op.batch_alter_table("queue_entries", schema=None) as batch_op:
         batch_op.add_column(sa.Column("plain", sa.Boolean(), nullable=False, server_default=sa.false()))
     # An existing horde's entries: plain when every list is empty and a targeted request's entries
-    # name its workers (a frozen copy of lifecycle/queue_index.py's rule as of this revision).
+    # name its workers (a frozen copy of queue/queue_index.py's rule as of this revision).
     bind = op.get_bind()
     columns = ", ".join(["r.id", "r.targeted", *(f"r.{c}" for c in _LISTS)])
     rows = bind.execute(

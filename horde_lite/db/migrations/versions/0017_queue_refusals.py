@@ -35,7 +35,7 @@ def upgrade() -> None:
         sa.ForeignKeyConstraint(["request_id"], ["text_requests.id"], ondelete="CASCADE"),
         sa.PrimaryKeyConstraint("request_id", "worker_id"),
     )
-    # An existing horde's requests: a frozen copy of lifecycle/queue_index.py's rule as of this
+    # An existing horde's requests: a frozen copy of queue/queue_index.py's rule as of this
     # revision (deny-list and failed workers, names no longer than a worker id).
     bind = op.get_bind()
     listed = (
@@ -55,7 +55,7 @@ def upgrade() -> None:
 
 
 def _mark_plain(bind: sa.engine.Connection, lists: tuple[str, ...]) -> None:
-    """The entries' `plain`: a frozen copy of lifecycle/queue_index.py's rule as of the revision,
+    """The entries' `plain`: a frozen copy of queue/queue_index.py's rule as of the revision,
     whose request lists are `lists` (0016's had the deny-list and failed workers too, which from
     0017 on the walk reads from queue_refusals)."""
     columns = ", ".join(["r.id", "r.targeted", *(f"r.{c}" for c in lists)])

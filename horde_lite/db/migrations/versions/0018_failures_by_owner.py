@@ -44,7 +44,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("request_id", "owner_id"),
     )
     # An existing horde's requests: the owners of the workers that failed them (a frozen copy of
-    # lifecycle/settlement.py's rule as of this revision).
+    # jobs/settlement.py's rule as of this revision).
     bind = op.get_bind()
     rows = bind.execute(sa.text("SELECT id, failed_workers FROM text_requests WHERE failed_workers != '[]'"))
     failed = {rid: _names(workers) for rid, workers in rows}

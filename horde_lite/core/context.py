@@ -1,0 +1,111 @@
+"""The running horde as the lifecycle sees it: settings, selected policies, metrics, clock, DB."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Coroutine
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+
+from horde_lite.clock import Clock
+from horde_lite.core.notify import Notifier
+from horde_lite.core.tasks import TaskSet
+from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
+from horde_lite.db.writer_turns import WriterTurns
+from horde_lite.metrics import Metrics
+from horde_lite.policies.registry import Policies
+from horde_lite.queue.eligibility import Rules
+from horde_lite.queue.mirror import QueueMirror
+from horde_lite.requests.prices import ModelSizes
+from horde_lite.settings import Settings
+
+log = logging.getLogger("horde_lite")
+
+
+@dataclass
+class Horde:
+    settings: Settings
+    policies: Policies
+    metrics: Metrics
+    clock: Clock
+    engine: AsyncEngine
+    sessionmaker: async_sessionmaker[AsyncSession]
+    notifier: Notifier = field(default_factory=lambda: Notifier())
+    _detached: TaskSet = field(default_factory=lambda: TaskSet(log), repr=False)
+    # The queue and the fleet as the wait estimate reads them (made from the settings unless given).
+    mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
+    # The horde's model sizes, which price every request (read from the settings unless given).
+    sizes: ModelSizes = field(default=None, repr=False)  # type: ignore[assignment]
+
+    _turns: WriterTurns = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.mirror is None:
+            self.mirror = QueueMirror(self.settings)
+        if self.sizes is None:
+            self.sizes = ModelSizes.from_settings(self.settings.kudos)
+        sqlite = self.engine.dialect.name == "sqlite"
+        self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
+
+    def rules(self, now: float) -> Rules:
+        return Rules.from_settings(self.settings, self.policies.speed_gate, now)
+
+    def in_force(self) -> InForce:
+        """The policies and settings in force now, for one call to apply throughout."""
+        return InForce(policies=self.policies, settings=self.settings)
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[AsyncSession]:
+        """One short transaction: committed when the block ends, rolled back on any error (so a
+        refused request leaves nothing behind). Lifecycle entry points open their own. On SQLite
+        this process's transactions take turns (db/writer_turns.py)."""
+        async with self._turns.turn(), self.sessionmaker() as session, session.begin():
+            yield session
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[AsyncSession]:
+        """A session that only reads, outside any transaction: each statement reads one snapshot
+        of its own. No BEGIN or COMMIT round trip on PostgreSQL, and on SQLite neither the write
+        lock nor this process's turn. Nothing is ever written through it (on PostgreSQL it would
+        commit at once): a reader that finds it must write goes on in `transaction()`."""
+        async with connect_to_read(self.engine) as conn, self.sessionmaker(bind=conn) as session:
+            yield session
+
+    def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
+        """Run `work` in a task of its own (core/tasks.py): a cancelled caller cannot cut its
+        transaction in half. The app waits for these tasks (`drain`) before it closes the database."""
+        return self._detached.start(work, what)
+
+    async def drain(self, within: float) -> int:
+        """Wait up to `within` seconds for the detached tasks; how many are still running."""
+        return await self._detached.wait(within)
+
+
+@dataclass(frozen=True, slots=True)
+class InForce:
+    """What one admission or pop applies, taken once at its start (`Horde.in_force`) and passed
+    down: the selected policies (speed gate, allowance curve, shadow metrics, the candidates and
+    their names) and the settings the rules read. `horde.policies` may be swapped by a switch
+    through the database while a call runs; a call that read it twice could judge one request by
+    two curves, or claim under one gate and record another."""
+
+    policies: Policies
+    settings: Settings
+
+    def rules(self, now: float) -> Rules:
+        return Rules.from_settings(self.settings, self.policies.speed_gate, now)
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who is calling, as the faces hand it to the lifecycle: the key it presented (None: none, the
+    anonymous key's stand-in), its client agent and its address. The lifecycle authenticates it
+    inside the entry point's own transaction."""
+
+    apikey: str | None = None
+    client_agent: str = ""
+    address: str = ""

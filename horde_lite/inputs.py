@@ -1,0 +1,240 @@
+"""What clients and workers send, as typed structs. The horde API decodes request bodies straight
+into these (msgspec validates types and ranges); defaults are applied here, on the server, because
+the horde-sdk sends only the fields its caller set."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+import msgspec
+
+CHAT_FEATURES = ("tools", "json_schema", "vision")
+IMAGE_TRANSPORTS = ("url", "base64")
+
+# Every integer is bounded to its column (a 32-bit INTEGER) or tighter, and every string that is
+# stored to its column, so nothing that passes validation is unstorable (docs/decisions).
+INT32_MAX = 2**31 - 1
+INT64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+Positive = Annotated[int, msgspec.Meta(gt=0, le=INT32_MAX)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=INT32_MAX)]
+Int32 = Annotated[int, msgspec.Meta(ge=-(2**31), le=INT32_MAX)]
+MAX_CONTEXT = 1_048_576
+Id = Annotated[str, msgspec.Meta(max_length=100)]
+ShortText = Annotated[str, msgspec.Meta(max_length=1000)]
+# Model names are stored in VARCHAR(255) columns (worker_models, request_models).
+ModelName = Annotated[str, msgspec.Meta(max_length=255)]
+# A submitted seed is stored as text in a VARCHAR(64): a 64-bit integer or a short string of
+# printable ASCII (so "²", which str.isdigit() calls a digit, never reaches int()).
+Seed = INT64 | Annotated[str, msgspec.Meta(max_length=64, pattern=r"^[ -~]*$")]
+# A username, optionally "name#id" (ASCII digits; see users.user_id_part).
+Username = Annotated[str, msgspec.Meta(max_length=200)]
+
+
+# What a chat payload's fields may hold beyond their types: requests/chat.py refuses anything else
+# in words; the schema states the same (extra_json_schema, which decoding does not read).
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+PART_TYPES = ("text", "image_url")
+TOOL_CHOICES = ("none", "auto", "required")
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+_IMAGE_URL = {"type": "string", "pattern": "^(data:|https?://)"}
+_PARTS = {  # msgspec writes its own `items`: the parts' rule is added beside it
+    "allOf": [{"items": {
+        "anyOf": [
+            {"type": "object", "required": ["type", "text"],
+             "properties": {"type": {"const": "text"}, "text": {"type": "string"}}},
+            {"type": "object", "required": ["type", "image_url"],
+             "properties": {"type": {"const": "image_url"}, "image_url": {"anyOf": [
+                 _IMAGE_URL, {"type": "object", "required": ["url"], "properties": {"url": _IMAGE_URL}}]}}},
+        ]
+    }}]
+}  # fmt: skip
+ToolChoice = Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(TOOL_CHOICES)})]
+_FORMATS = {"required": ["type"], "properties": {"type": {"enum": list(RESPONSE_FORMATS)}}}
+ResponseFormat = Annotated[dict[str, Any], msgspec.Meta(extra_json_schema=_FORMATS)]
+# What a worker's name may hold once NFKC-normalized (accounts/workers.py); the schema promises the
+# normalized form, with at least one character that is not a space.
+NAME_CHARACTERS = r"A-Za-z0-9 _.()\[\]'-"
+_NAME_PATTERN = f"^[{NAME_CHARACTERS}]*[{NAME_CHARACTERS.replace(' ', '')}][{NAME_CHARACTERS}]*$"
+
+
+WorkerName = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=100, extra_json_schema={"pattern": _NAME_PATTERN})
+]
+
+
+class _In(msgspec.Struct, kw_only=True, omit_defaults=True):
+    pass
+
+
+class ChatBlock(_In, forbid_unknown_fields=True):
+    """A chat worker's declaration in its pop."""
+
+    max_completion_tokens: Positive
+    max_context_tokens: Positive
+    features: list[Literal["tools", "json_schema", "vision"]] = []
+    image_transports: list[Literal["url", "base64"]] = []
+
+
+class PopInput(_In):
+    name: Annotated[
+        str, msgspec.Meta(min_length=1, max_length=100, extra_json_schema={"pattern": _NAME_PATTERN})
+    ]
+    models: list[ModelName] = []
+    max_length: Annotated[int, msgspec.Meta(ge=16, le=65536)] = 512
+    max_context_length: Annotated[int, msgspec.Meta(ge=80, le=MAX_CONTEXT)] = 2048
+    threads: Annotated[int, msgspec.Meta(ge=1, le=100)] = 1
+    amount: Annotated[int, msgspec.Meta(ge=1, le=20)] = 1
+    bridge_agent: ShortText = "unknown:0:unknown"
+    nsfw: bool = False
+    priority_usernames: list[Username] = []
+    softprompts: list[ShortText] = []
+    chat: ChatBlock | None = None
+
+
+class KoboldParams(_In):
+    """The Kobold params admission reads, bounded to their columns here; admission applies the
+    tighter rules (n up to max_n, max_length 16 up to max_length_limit, context at least 80)."""
+
+    n: Int32 = 1
+    max_length: Int32 = 80
+    max_context_length: Annotated[int, msgspec.Meta(ge=-(2**31), le=MAX_CONTEXT)] = 2048
+
+
+class ChatMessage(_In):
+    role: Annotated[str, msgspec.Meta(extra_json_schema={"enum": list(ROLES)})]
+    content: str | Annotated[list[dict[str, Any]], msgspec.Meta(extra_json_schema=_PARTS)] | None = None
+    name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    tool_call_id: str | None = None
+
+
+class ChatOptions(_In, kw_only=True):
+    """Sampling, tools and output format: the same fields on the native chat payload and on /v1."""
+
+    temperature: Annotated[float, msgspec.Meta(ge=0, le=2)] | None = None
+    top_p: Annotated[float, msgspec.Meta(ge=0, le=1)] | None = None
+    stop: str | list[str] | None = None
+    seed: INT64 | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: ToolChoice | dict[str, Any] | None = None
+    response_format: ResponseFormat | None = None
+
+
+class ChatPayload(ChatOptions, kw_only=True):
+    """A chat request on the native route (and, converted, from the /v1 front)."""
+
+    messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
+    max_tokens: Positive | None = None
+
+
+class TextRequestInput(_In):
+    prompt: str = ""
+    params: dict[str, Any] = {}
+    models: list[ModelName] = []
+    workers: list[str] = []
+    worker_blacklist: bool | list[str] = []
+    trusted_workers: bool = False
+    slow_workers: bool = True
+    extra_slow_workers: bool = False
+    allow_downgrade: bool = False
+    dry_run: bool = False
+    nsfw: bool = False
+    disable_batching: bool = False
+    proxied_account: str | None = None
+    softprompt: str | None = None
+    webhook: str | None = None
+    chat: ChatPayload | None = None
+
+    def __post_init__(self) -> None:
+        # The params admission stores in columns are bounded where they enter; the others travel
+        # to the worker as they are (the body rules keep their integers within 64 bits).
+        fields = KoboldParams.__struct_fields__
+        known = {k: v for k, v in self.params.items() if k in fields and v is not None}
+        try:
+            msgspec.convert(known, KoboldParams)
+        except msgspec.ValidationError as e:
+            raise ValueError(f"params: {e}") from None
+
+
+class SubmitChat(_In):
+    message: dict[str, Any]
+    finish_reason: Annotated[str, msgspec.Meta(max_length=64)] = "stop"
+    usage: dict[Annotated[str, msgspec.Meta(max_length=64)], Count] = {}
+
+
+class SubmitInput(_In):
+    id: Id
+    generation: str = ""
+    state: Literal["ok", "censored", "faulted", "csam"] = "ok"
+    seed: Seed | None = None
+    gen_metadata: list[dict[str, Any]] | None = None
+    chat: SubmitChat | None = None
+
+
+class ProgressDelta(_In):
+    content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+
+
+class ProgressInput(_In):
+    id: Id
+    seq: Positive
+    delta: ProgressDelta = msgspec.field(default_factory=ProgressDelta)
+    completion_tokens: Count | None = None
+
+
+class WorkerUpdate(_In):
+    """PUT /workers/{id} (upstream's ModifyWorkerInput): only the fields sent change."""
+
+    maintenance: bool | None = None
+    maintenance_msg: ShortText | None = None
+    paused: bool | None = None
+    info: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
+    name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+    team: Annotated[str, msgspec.Meta(max_length=36)] | None = None  # horde_lite has no teams: "" only
+
+
+# A shared key's budget (-1: unlimited) and lifetime in days (-1: never expires), bounded so that
+# now + expiry days is a finite float and the budget a finite one.
+KeyKudos = Annotated[float, msgspec.Meta(ge=-1, le=1e12)]
+KeyExpiry = Annotated[int, msgspec.Meta(ge=-1, le=36_500)]
+
+
+class SharedKeyInput(_In):
+    kudos: KeyKudos = 5000
+    expiry: KeyExpiry = -1  # days; -1 never
+    name: Annotated[str, msgspec.Meta(max_length=255)] = ""
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1
+
+
+class SharedKeyPatch(_In):
+    """PATCH /sharedkeys/{id}: only the fields sent change."""
+
+    kudos: KeyKudos | msgspec.UnsetType = msgspec.UNSET
+    expiry: KeyExpiry | msgspec.UnsetType = msgspec.UNSET
+    name: Annotated[str, msgspec.Meta(max_length=255)] | msgspec.UnsetType = msgspec.UNSET
+    max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | msgspec.UnsetType = msgspec.UNSET
+
+
+# --- users and kudos (PUT /users/{id}, POST /kudos/transfer)
+
+# A kudos amount a moderator or a transfer moves: finite and far inside a float's exact range.
+KudosAmount = Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)]
+
+
+class UserUpdate(_In, forbid_unknown_fields=True):
+    """PUT /users/{id} (upstream's ModifyUserInput), the fields horde_lite has; any other of
+    upstream's fields is refused by name rather than dropped."""
+
+    kudos: KudosAmount | None = None  # added to the balance (negative: taken), through the ledger
+    trusted: bool | None = None
+    moderator: bool | None = None
+
+
+class KudosTransferInput(_In):
+    """POST /kudos/transfer: to a user ("name#id") or a shared key; upstream's default amount."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    # Not bounded below when decoded: a negative or zero amount gets upstream's named refusal
+    # (transfers.py); the schema promises what is accepted, at least a cent.
+    amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100

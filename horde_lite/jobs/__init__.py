@@ -1,0 +1,2 @@
+"""Jobs: the pop that hands them out, their leases, progress posts, submits and their settlement, and
+what a job's output may hold."""

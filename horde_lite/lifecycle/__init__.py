@@ -1,1 +1,0 @@
-"""The request lifecycle: every rule, no HTTP. Imports the data layer and the policy protocols."""

@@ -1,0 +1,2 @@
+"""What operators run and read: the policy in force across processes, the horde's figures and the
+scrape-time gauges."""
