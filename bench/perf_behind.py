@@ -3,6 +3,7 @@ one pop at a time: wall time and the CPU the server and PostgreSQL spend per pop
 
     .venv/bin/python -m bench.perf_behind                          # every case, both databases
     .venv/bin/python -m bench.perf_behind --db postgresql --case deny --ahead 1000
+    .venv/bin/python -m bench.perf_behind --db sqlite --json rows.json     # the rows as JSON too
 
 The cases: `ahead` requests at the head of the worker's part of the queue, then the measured pops:
 - `running`: their jobs were all taken by another worker (being generated); `pops` takeable
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 import uuid
@@ -202,18 +204,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ahead", type=int, default=1000, help="requests ahead of the measured pops")
     parser.add_argument("--pops", type=int, default=100, help="measured pops")
     parser.add_argument("--pg-url", default=DEFAULT_PG)
+    parser.add_argument("--json", type=Path, help="also write the rows (run_case's results) to this file")
     args = parser.parse_args(argv)
     kinds = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     cases = CASES if args.case == "all" else (args.case,)
     print("| database | case | ahead | pops (found) | wall ms / pop | server CPU ms / pop "
           "| PostgreSQL CPU ms / pop |")  # fmt: skip
     print("|---|---|---|---|---|---|---|")
+    rows = []
     for db in kinds:
         for case in cases:
             r = asyncio.run(run_case(db, case, args.ahead, args.pops, args.pg_url))
+            rows.append(r)
             pg = "-" if r["postgres_cpu_ms"] is None else f"{r['postgres_cpu_ms']:.1f}"
             print(f"| {db} | {case} | {r['ahead']:,} | {r['pops']} ({r['found']}) | {r['wall_ms']:.1f} | "
                   f"{r['server_cpu_ms']:.1f} | {pg} |", flush=True)  # fmt: skip
+    if args.json is not None:
+        args.json.write_text(json.dumps(rows, indent=1))
     return 0
 
 
