@@ -351,21 +351,22 @@ async def time_estimate(horde: Horde, rng: random.Random, samples: int) -> list[
 # --- databases ------------------------------------------------------------------------------------
 
 
-async def fresh_pg(base_url: str) -> str:
+async def fresh_pg(base_url: str, database: str = BENCH_PG_DB) -> str:
+    """An empty `database` on the server of `base_url` (created when missing); its URL."""
     url = make_url(base_url)
     kwargs = {"host": url.host, "port": url.port or 5432, "user": url.username, "password": url.password}
     conn = await asyncpg.connect(database=url.database or "postgres", **kwargs)
     try:
-        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", BENCH_PG_DB):
-            await conn.execute(f'CREATE DATABASE "{BENCH_PG_DB}"')
+        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", database):
+            await conn.execute(f'CREATE DATABASE "{database}"')
     finally:
         await conn.close()
-    conn = await asyncpg.connect(database=BENCH_PG_DB, **kwargs)
+    conn = await asyncpg.connect(database=database, **kwargs)
     try:
         await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
     finally:
         await conn.close()
-    return url.set(database=BENCH_PG_DB).render_as_string(hide_password=False)
+    return url.set(database=database).render_as_string(hide_password=False)
 
 
 def fresh_database(kind: str, pg_url: str, tmp: Path) -> str:

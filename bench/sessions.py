@@ -30,13 +30,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import asyncpg
 from advanced_alchemy.extensions.litestar import SQLAlchemyAsyncConfig
 from litestar.datastructures import State
 from sqlalchemy import event, insert, select, update
-from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from bench.admission import fresh_pg
 from horde_lite.clock import Clock
 from horde_lite.core.context import Horde
 from horde_lite.db import migrate
@@ -54,25 +53,12 @@ DEFAULT_PG = os.environ.get(
 Session = Callable[[], Any]  # an async context manager yielding an AsyncSession
 
 
-async def fresh_pg(base_url: str) -> str:
-    url = make_url(base_url)
-    kwargs = {"host": url.host, "port": url.port or 5432, "user": url.username, "password": url.password}
-    conn = await asyncpg.connect(database=url.database or "postgres", **kwargs)
-    try:
-        if not await conn.fetchval("SELECT 1 FROM pg_database WHERE datname = $1", BENCH_PG_DB):
-            await conn.execute(f'CREATE DATABASE "{BENCH_PG_DB}"')
-    finally:
-        await conn.close()
-    conn = await asyncpg.connect(database=BENCH_PG_DB, **kwargs)
-    try:
-        await conn.execute("DROP SCHEMA public CASCADE; CREATE SCHEMA public")
-    finally:
-        await conn.close()
-    return url.set(database=BENCH_PG_DB).render_as_string(hide_password=False)
-
-
 def fresh_database(kind: str, pg_url: str, tmp: Path) -> str:
-    url = f"sqlite+aiosqlite:///{tmp / 'sessions.db'}" if kind == "sqlite" else asyncio.run(fresh_pg(pg_url))
+    url = (
+        f"sqlite+aiosqlite:///{tmp / 'sessions.db'}"
+        if kind == "sqlite"
+        else asyncio.run(fresh_pg(pg_url, BENCH_PG_DB))
+    )
     migrate.upgrade(url)
     return url
 
