@@ -336,7 +336,7 @@ class Waiter:
         if self.streamed:
             raise await self._fail(
                 HordeError(
-                    "WorkerFailed",
+                    Rc.WorkerFailed,
                     "The worker stopped after part of the answer was streamed (its lease lapsed or "
                     "it reported a fault); the request was cancelled.",
                 )

@@ -17,6 +17,7 @@ from horde_lite.core.errors import HordeError
 from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
 from horde_lite.jobs.settlement import give_back, processing_count, shadow_outcome
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.lease")
 
@@ -62,7 +63,7 @@ class JobLapsed(HordeError):
     post's transaction, which is then committed (`as_lease_holder`) and the post refused."""
 
     def __init__(self) -> None:
-        super().__init__("AbortedGen", LAPSED)
+        super().__init__(Rc.AbortedGen, LAPSED)
 
 
 class LapseSeen(Exception):

@@ -232,7 +232,7 @@ def _check_context(models: list[str], tokens: int, applied: int, largest_context
         return
     what = ", ".join(models) if models else "any model"
     raise HordeError(
-        "ContextLengthExceeded",
+        Rc.ContextLengthExceeded,
         f"This request needs {need} context tokens ({tokens} for the messages, estimated as "
         f"characters / 3, plus max_tokens {applied}); the online chat workers for {what} accept at "
         f"most {largest_context}. Shorten the messages or lower max_tokens.",

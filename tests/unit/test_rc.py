@@ -47,13 +47,18 @@ def test_a_refusal_takes_the_code_type() -> None:
 
 def test_no_raise_site_passes_a_bare_string() -> None:
     """The project runs no type checker, so the type above is also checked here: every
-    `HordeError(...)` names its code through `Rc` (or passes one on)."""
+    `HordeError(...)` names its code through `Rc` (or passes one on), and so does every other call
+    given a code as its first argument (a subclass's `super().__init__`, a helper's)."""
+    codes = {rc.value for rc in Rc}
     bare = []
     for path in PACKAGE.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == "HordeError"):
+            if not isinstance(node, ast.Call) or not node.args:
                 continue
-            first = node.args[0] if node.args else None
-            if isinstance(first, ast.Constant):
+            first = node.args[0]
+            constant = isinstance(first, ast.Constant)
+            if (getattr(node.func, "id", None) == "HordeError" and constant) or (
+                constant and first.value in codes
+            ):
                 bare.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert not bare, bare
