@@ -85,18 +85,50 @@ def serves_models(models: ColumnElement[Any], r: RequestRow) -> ColumnElement[bo
     return or_(r.any_model, TextArraysOverlap(models, r.models))
 
 
+# The rules below that compare a worker's declaration with a request's needs take each side as
+# values: a worker's columns in the claim, the pop's bound parameters in the queue's walk; a
+# request's columns, or its entry's in the queue's index (which carry the same names and lengths).
+
+
+def chat_lengths_admit(
+    need_length: Any, need_context: Any, *, completion: Any, context: Any
+) -> ColumnElement[bool]:
+    """A chat job of `need_length` tokens in a context of `need_context` (the prompt and the
+    reply) fits a worker's chat limits."""
+    return and_(completion >= need_length, context >= need_context)
+
+
+def legacy_lengths_admit(
+    need_length: Any, need_context: Any, *, max_length: Any, max_context_length: Any
+) -> ColumnElement[bool]:
+    """A legacy job of `need_length` tokens in a context of `need_context` fits a worker's limits."""
+    return and_(max_length >= need_length, max_context_length >= need_context)
+
+
+def choices_admit(r: Any, *, nsfw: Any, trusted: Any, fast: Any) -> list[ColumnElement[bool]]:
+    """The request's choices (`r`: a request or its entry) that a worker of these traits meets:
+    NSFW, trusted workers only, no slow workers."""
+    return [or_(not_(r.nsfw), nsfw), or_(not_(r.trusted_workers), trusted), or_(r.slow_workers, fast)]
+
+
 def chat_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
     return and_(
         w.chat_max_completion_tokens.is_not(None),
-        w.chat_max_completion_tokens >= r.max_length,
-        w.chat_max_context_tokens >= r.prompt_tokens + r.max_length,
+        chat_lengths_admit(
+            r.max_length,
+            r.prompt_tokens + r.max_length,
+            completion=w.chat_max_completion_tokens,
+            context=w.chat_max_context_tokens,
+        ),
         TextArrayContainsAll(w.chat_features, r.required_features),
         TextArrayContainsAll(w.chat_image_transports, r.required_transports),
     )
 
 
 def legacy_limits_admit(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
-    return and_(w.max_length >= r.max_length, w.max_context_length >= r.max_context_length)
+    return legacy_lengths_admit(
+        r.max_length, r.max_context_length, max_length=w.max_length, max_context_length=w.max_context_length
+    )
 
 
 def allow_list_admits(r: RequestRow, worker_id: ColumnElement[Any]) -> ColumnElement[bool]:
@@ -105,16 +137,20 @@ def allow_list_admits(r: RequestRow, worker_id: ColumnElement[Any]) -> ColumnEle
 
 
 def targeting_admits(w: WorkerRow, r: RequestRow) -> ColumnElement[bool]:
-    """The request's own choice of workers (allow-list, deny-list, trusted owners only), and its
-    history: a worker whose job of it lapsed or faulted is never offered it again, nor is any
-    other worker of that worker's owner (names are free; owners are who fails a request)."""
+    """The request's own choice of workers by name (allow-list, deny-list), and its history: a
+    worker whose job of it lapsed or faulted is never offered it again, nor is any other worker of
+    that worker's owner (names are free; owners are who fails a request)."""
     return and_(
         allow_list_admits(r, w.id),
         not_(TextArrayHas(r.worker_deny, w.id)),
-        or_(not_(r.trusted_workers), w.trusted),
         not_(TextArrayHas(r.failed_workers, w.id)),
         not_(TextArrayHas(r.failed_owners, owner_text(w.owner_id))),
     )
+
+
+def trusted_admits(r: Any, trusted: Any) -> ColumnElement[bool]:
+    """A request (or its entry) asking for trusted workers only takes a trusted one."""
+    return or_(not_(r.trusted_workers), trusted)
 
 
 def owner_text(owner_id: Any) -> ColumnElement[str]:
@@ -134,6 +170,7 @@ def capable_chat_worker_clauses(cw: WorkerRow, r: RequestRow, rules: Rules) -> l
         *_serving(cw, rules),
         cw.capacity >= r.max_length,
         chat_limits_admit(cw, r),
+        trusted_admits(r, cw.trusted),
         serves_request_models(cw, r),
         targeting_admits(cw, r),
     ]
@@ -177,12 +214,16 @@ def capable_worker_online_for_entry(e: Any, rules: Rules) -> ColumnElement[bool]
         *_serving(cw, rules),
         cw.capacity >= e.need_length,
         cw.chat_max_completion_tokens.is_not(None),
-        cw.chat_max_completion_tokens >= e.need_length,
-        cw.chat_max_context_tokens >= e.need_context,
+        chat_lengths_admit(
+            e.need_length,
+            e.need_context,
+            completion=cw.chat_max_completion_tokens,
+            context=cw.chat_max_context_tokens,
+        ),
         # Row-local, as `serves_request_models`: read only for the few workers of enough capacity,
         # where an EXISTS over worker_models became a scan of the model's links per entry.
         or_(e.model == "", TextArrayHas(cw.models, e.model)),
-        or_(not_(e.trusted_workers), cw.trusted),
+        trusted_admits(e, cw.trusted),
         or_(e.target == "", cw.id == e.target),
         not_(refuses_by_name(e.request_id, cw.id)),
         not_(refuses_owner(e.request_id, cw.owner_id)),
@@ -225,8 +266,7 @@ def eligibility_clauses(
         worker_online(w, rules),
         true() if ignore_paused else not_(w.paused),
         or_(not_(w.maintenance), r.user_id == w.owner_id),
-        or_(r.slow_workers, worker_speed(w, rules) >= rules.slow_speed),
-        or_(not_(r.nsfw), w.nsfw),
+        *choices_admit(r, nsfw=w.nsfw, trusted=w.trusted, fast=worker_speed(w, rules) >= rules.slow_speed),
         or_(and_(r.is_chat, chat_limits_admit(w, r)), and_(not_(r.is_chat), legacy_limits_admit(w, r))),
         serves_request_models(w, r),
         targeting_admits(w, r),

@@ -57,7 +57,10 @@ from horde_lite.queue.eligibility import (
     allow_list_admits,
     built_once,
     capable_worker_online_for_entry,
+    chat_lengths_admit,
+    choices_admit,
     fast_enough,
+    legacy_lengths_admit,
     refuses_by_name,
     refuses_owner,
     serves_models,
@@ -145,28 +148,21 @@ def _not_refused(request_id: Any) -> ColumnElement[bool]:
 
 
 def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:
-    """The lengths a worker accepts, as bound parameters (`Limits` gives their values); `chat`:
-    the worker declared chat limits."""
-    legacy = and_(
-        not_(is_chat),
-        need_length <= bindparam("max_length"),
-        need_context <= bindparam("max_context_length"),
-    )
+    """The lengths a worker accepts (the eligibility check's rules), its side as bound parameters
+    (`Limits` gives their values); `chat`: the worker declared chat limits."""
+    worker = {"max_length": bindparam("max_length"), "max_context_length": bindparam("max_context_length")}
+    legacy = and_(not_(is_chat), legacy_lengths_admit(need_length, need_context, **worker))
     if not chat:
         return legacy
-    return or_(
-        legacy,
-        and_(is_chat, need_length <= bindparam("chat_length"), need_context <= bindparam("chat_context")),
-    )
+    limits = {"completion": bindparam("chat_length"), "context": bindparam("chat_context")}
+    return or_(legacy, and_(is_chat, chat_lengths_admit(need_length, need_context, **limits)))
 
 
-def _chooses(nsfw: Any, trusted_workers: Any, slow_workers: Any) -> list[ColumnElement[bool]]:
-    """The request's choices a worker must meet (`Limits` gives the worker's side)."""
-    return [
-        or_(not_(nsfw), bindparam("worker_nsfw")),
-        or_(not_(trusted_workers), bindparam("worker_trusted")),
-        or_(slow_workers, bindparam("worker_fast")),
-    ]
+def _chooses(r: Any) -> list[ColumnElement[bool]]:
+    """The request's choices (`r`: a request or its entry) the worker meets (the eligibility
+    check's rule), its side as bound parameters (`Limits` gives their values)."""
+    worker = {"nsfw": bindparam("worker_nsfw"), "trusted": bindparam("worker_trusted")}
+    return choices_admit(r, **worker, fast=bindparam("worker_fast"))
 
 
 def _targets_worker(target: Any) -> ColumnElement[bool]:
@@ -244,7 +240,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
         if shape.chat is not None:
             need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
             where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
-            where += _chooses(r.nsfw, r.trusted_workers, r.slow_workers)
+            where += _chooses(r)
             where += [allow_list_admits(r, bindparam("worker_id")), _not_refused(r.id)]
             if gated is not None:
                 where.append(speed_gate_admits_sql(r, bindparam("capacity"), gated))
@@ -258,7 +254,7 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
     fits: list[ColumnElement[bool]] = [true()]
     if shape.chat is not None:
         fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat)]
-        fits += [*_chooses(e.nsfw, e.trusted_workers, e.slow_workers), _targets_worker(e.target)]
+        fits += [*_chooses(e), _targets_worker(e.target)]
         fits.append(_not_refused(e.request_id))
     if gated is not None:
         fits.append(_gate_on_entries(e, gated))
