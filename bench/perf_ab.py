@@ -86,9 +86,18 @@ async def _database(db: str, pg_url: str, name: str, tmp: Path) -> str:
     return url
 
 
+# The interpreter each tree runs with (`--base-python` for the base): a base whose entry points
+# (its policies) differ from this checkout's needs an install of its own.
+_INTERPRETERS: dict[Path, str] = {}
+
+
+def _python(code: Path) -> str:
+    return _INTERPRETERS.get(code, sys.executable)
+
+
 def _prepare(url: str, workers: int, code: Path) -> dict[str, list[str]]:
     env = {**os.environ, "PYTHONPATH": str(code)}
-    out = subprocess.run([sys.executable, "-c", _PREPARE, url, str(workers)], cwd=code, env=env,
+    out = subprocess.run([_python(code), "-c", _PREPARE, url, str(workers)], cwd=code, env=env,
                          check=True, capture_output=True, text=True).stdout  # fmt: skip
     return json.loads(out.strip().splitlines()[-1])
 
@@ -115,7 +124,7 @@ def _check_code(code: Path) -> None:
     installed copy; otherwise the comparison would measure one version twice."""
     env = {**os.environ, "PYTHONPATH": str(code)}
     script = "import bench, horde_lite; print(bench.__file__); print(horde_lite.__file__)"
-    out = subprocess.run([sys.executable, "-c", script], cwd=code, env=env, check=True,
+    out = subprocess.run([_python(code), "-c", script], cwd=code, env=env, check=True,
                          capture_output=True, text=True).stdout  # fmt: skip
     for line in out.split():
         if not Path(line).resolve().is_relative_to(code.resolve()):
@@ -135,7 +144,7 @@ async def run_cycles(
             env = server_env(url, LIMITS_OFF)  # the base must know these keys (this commit on)
             env["PYTHONPATH"] = str(code)
             (tmp / name).mkdir()
-            servers.append(Server(len(servers), free_port(), tmp / name, env))
+            servers.append(Server(len(servers), free_port(), tmp / name, env, python=_python(code)))
         await asyncio.gather(*(s.start() for s in servers))
 
         async def both(secs: float, flip: bool = False) -> tuple[CycleResult, ...]:
@@ -190,7 +199,7 @@ def _run_behind(
     """One run of the perf_behind of the code in `code` (that tree's own module, on PYTHONPATH),
     every case asked for; its rows, from its `--json` file when it has the option, else its table."""
     env = {**os.environ, "PYTHONPATH": str(code)}
-    command = [sys.executable, "-m", "bench.perf_behind", "--db", db, "--case", case,
+    command = [_python(code), "-m", "bench.perf_behind", "--db", db, "--case", case,
                "--ahead", str(ahead), "--pops", str(pops), "--pg-url", pg_url]  # fmt: skip
     has_json = '"--json"' in (code / "bench" / "perf_behind.py").read_text()
     if has_json:
@@ -266,10 +275,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--behind-case", default="all", help="perf_behind's --case (default all)")
     parser.add_argument("--behind-ahead", type=int, default=BEHIND_AHEAD, help="perf_behind's --ahead")
     parser.add_argument("--behind-pops", type=int, default=BEHIND_POPS, help="perf_behind's --pops")
+    parser.add_argument("--base-python", help="the interpreter the base runs with (default this one): "
+                        "an install of the base's own, when its policies' entry points differ")  # fmt: skip
     args = parser.parse_args(argv)
     result: dict[str, Any] = {"base": None, "db": args.db, "bench": args.bench}
     with _base_tree(args.base) as (rev, tree, tmp):
         result["base"] = rev
+        if args.base_python:
+            _INTERPRETERS[tree] = args.base_python
         if args.bench in ("cycles", "both"):
             rounds = args.rounds or CYCLE_ROUNDS
             cycles = asyncio.run(

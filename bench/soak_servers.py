@@ -112,17 +112,18 @@ STACKS = ("horde-lite", "uvicorn-uvloop-httptools", "uvicorn-asyncio-h11", "gran
 _FACTORY = "horde_lite.app:create_app"
 
 
-def server_command(port: int, stack: str = "horde-lite") -> list[str]:
+def server_command(port: int, stack: str = "horde-lite", python: str = sys.executable) -> list[str]:
+    """`python`: the interpreter (and so the installed packages and entry points) the server runs."""
     where = ["--host", LOOPBACK, "--port", str(port)]
     if stack == "horde-lite":
-        cli = Path(sys.executable).with_name("horde-lite")
+        cli = Path(python).with_name("horde-lite")
         if cli.exists():
             return [str(cli), "run", *where]
-        return [sys.executable, "-m", "litestar", "--app", _FACTORY, "run", *where]
+        return [python, "-m", "litestar", "--app", _FACTORY, "run", *where]
     if stack.startswith("uvicorn-"):
         loop, http = stack.split("-")[1:]
         return [
-            sys.executable,
+            python,
             "-m",
             "uvicorn",
             "--factory",
@@ -134,7 +135,7 @@ def server_command(port: int, stack: str = "horde-lite") -> list[str]:
             *where,
         ]
     if stack == "granian":  # not a dependency: `pip install granian` to compare it
-        return [sys.executable, "-m", "granian", "--interface", "asgi", "--factory", "--loop", "uvloop",
+        return [python, "-m", "granian", "--interface", "asgi", "--factory", "--loop", "uvloop",
                 *where, _FACTORY]  # fmt: skip
     raise ValueError(f"unknown server stack {stack!r}; one of {', '.join(STACKS)}")
 
@@ -154,6 +155,7 @@ class Server:
     killed_at: float = float("-inf")  # monotonic time of the last SIGKILL
     logs: list[Path] = field(default_factory=list)
     stack: str = "horde-lite"
+    python: str = sys.executable
 
     @property
     def base_url(self) -> str:
@@ -164,8 +166,8 @@ class Server:
         self.logs.append(log)
         with log.open("wb") as out:
             self.process = subprocess.Popen(  # noqa: ASYNC220 (starting it takes no time)
-                server_command(self.port, self.stack), cwd=self.workdir, env=self.env, stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
+                server_command(self.port, self.stack, self.python), cwd=self.workdir, env=self.env,
+                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
         async with httpx.AsyncClient(timeout=2) as http:
