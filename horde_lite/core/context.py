@@ -52,7 +52,9 @@ class Horde:
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
 
     def rules(self, now: float) -> Rules:
-        return Rules.from_settings(self.settings, self.policies.speed_gate, now)
+        """The rules under the policies in force now (one read; a call that applies them throughout
+        takes `in_force()` instead)."""
+        return self.in_force().rules(now)
 
     def in_force(self) -> InForce:
         """The policies and settings in force now, for one call to apply throughout."""
