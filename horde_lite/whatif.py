@@ -28,8 +28,6 @@ from horde_lite.policies.registry import build
 from horde_lite.requests.admission_rule import ADMISSION_OUTCOMES, outcome_for
 from horde_lite.settings import AllowanceSettings
 
-OUTCOMES = ADMISSION_OUTCOMES
-
 # --- time ------------------------------------------------------------------------------------------
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*$")
@@ -273,9 +271,9 @@ def render_speed_gate(report: SpeedGateReport) -> str:
 class AllowanceDay:
     day: str
     decisions: int = 0
-    in_force: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    in_force: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ADMISSION_OUTCOMES, 0))
     # The candidate's outcomes of the decisions it could recompute (the others are `unknown`).
-    would_be: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    would_be: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ADMISSION_OUTCOMES, 0))
     unknown: int = 0
     unknown_totals: int = 0  # the curve reads horde-wide totals, which were not read then
     unknown_funds: int = 0  # not free under the curve, and whether the requester could pay was not read
@@ -414,10 +412,12 @@ def render_allowance(report: AllowanceReport) -> str:
         f"{report.total.decisions}; curve in force: {', '.join(report.in_force) or '-'}",
         "(in force -> would be; 'would be' counts the decisions the curve could recompute)",
         "",
-        f"{'day':10}  " + "  ".join(f"{o:>14}" for o in OUTCOMES) + f"  {'unknown':>7}  {'changed':>7}",
+        f"{'day':10}  "
+        + "  ".join(f"{o:>14}" for o in ADMISSION_OUTCOMES)
+        + f"  {'unknown':>7}  {'changed':>7}",
     ]
     for d in [*report.days, report.total]:
-        cells = "  ".join(f"{f'{d.in_force[o]} -> {d.would_be[o]}':>14}" for o in OUTCOMES)
+        cells = "  ".join(f"{f'{d.in_force[o]} -> {d.would_be[o]}':>14}" for o in ADMISSION_OUTCOMES)
         lines.append(f"{d.day:10}  {cells}  {d.unknown:>7}  {d.changed:>7}")
     t = report.total
     lines += [
