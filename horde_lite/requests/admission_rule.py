@@ -130,15 +130,25 @@ class Judgement:
         return self.writes and (self.reserves_user or has_shared_key)
 
 
+def _shadow_allowance(facts: AdmissionFacts) -> int | None:
+    """The candidate curve's allowance when it differs from the curve in force's: only then is
+    there a second decision to judge in shadow."""
+    candidate = facts.candidate_allowance
+    return None if candidate is None or candidate == facts.allowance else candidate
+
+
+def _needs_funds(facts: AdmissionFacts) -> bool:
+    """Whether the request is not free under the curve in force or the candidate, so that the
+    decision turns on whether the requester can pay."""
+    shadow = _shadow_allowance(facts)
+    allowances = [facts.allowance] if shadow is None else [facts.allowance, shadow]
+    return any(_outcome(facts, allowance, None) is None for allowance in allowances)
+
+
 def needs_spendable(facts: AdmissionFacts) -> bool:
     """Whether the decision depends on the requester's spendable kudos, which cost a query: only
     when the request is not free under the curve in force or the candidate."""
-    if facts.spendable is not None or facts.anonymous:
-        return False
-    allowances = [facts.allowance]
-    if facts.candidate_allowance is not None and facts.candidate_allowance != facts.allowance:
-        allowances.append(facts.candidate_allowance)
-    return any(_outcome(facts, allowance, None) is None for allowance in allowances)
+    return facts.spendable is None and not facts.anonymous and _needs_funds(facts)
 
 
 def judge(facts: AdmissionFacts) -> Judgement:
@@ -146,21 +156,19 @@ def judge(facts: AdmissionFacts) -> Judgement:
     if needs_spendable(facts):
         raise ValueError("the decision needs the requester's spendable kudos")
     can_pay, can_fund = False, None
-    outcome = _outcome(facts, facts.allowance, None)
-    candidate = facts.candidate_allowance
-    shadow = None if candidate is None or candidate == facts.allowance else _outcome(facts, candidate, None)
-    if outcome is None or (candidate is not None and candidate != facts.allowance and shadow is None):
+    if _needs_funds(facts):
         # The anonymous account is shared by everyone without a key: it never spends upfront, or one
         # anonymous caller could spend what the floor leaves for all of them.
         can_pay = not facts.anonymous and (facts.spendable or 0.0) >= facts.cost
         can_fund = can_pay and (facts.key_left is None or facts.key_left >= facts.cost)
-        outcome = _outcome(facts, facts.allowance, can_fund)
+    outcome = _outcome(facts, facts.allowance, can_fund)
     assert outcome is not None  # only an unread can_fund leaves it open
     pair = None
-    if candidate is not None and candidate != facts.allowance:
-        judged = _outcome(facts, candidate, can_fund)
+    shadow = _shadow_allowance(facts)
+    if shadow is not None:
+        judged = _outcome(facts, shadow, can_fund)
         assert judged is not None
-        pair = (candidate, judged)
+        pair = (shadow, judged)
     return Judgement(
         outcome=outcome,
         allowance=facts.allowance,
