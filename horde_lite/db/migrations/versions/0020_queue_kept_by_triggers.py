@@ -43,11 +43,21 @@ def _open(row: str) -> str:
     return f"({row}.state = 'waiting' AND {row}.n_remaining > 0)"
 
 
+def _entries_change(distinct: str) -> str:
+    """An update after which the row's entries differ: it gains or loses a job to hand out, or a
+    column its entries are made of changes while it has one."""
+    source = " OR ".join(f"NEW.{c} {distinct} OLD.{c}" for c in SOURCE)
+    return f"({_open('OLD')} {distinct} {_open('NEW')} OR ({_open('NEW')} AND ({source})))"
+
+
+def _lists_change(distinct: str) -> str:
+    """An update of a list the row's refusals are written from."""
+    return "(" + " OR ".join(f"NEW.{c} {distinct} OLD.{c}" for c in REFUSED) + ")"
+
+
 def _when_update(distinct: str) -> str:
     """An update that changes what the index holds for the row."""
-    source = " OR ".join(f"NEW.{c} {distinct} OLD.{c}" for c in SOURCE)
-    refused = " OR ".join(f"NEW.{c} {distinct} OLD.{c}" for c in REFUSED)
-    return f"{_open('OLD')} {distinct} {_open('NEW')} OR ({_open('NEW')} AND ({source})) OR {refused}"
+    return f"{_entries_change(distinct)} OR {_lists_change(distinct)}"
 
 
 # --- PostgreSQL: one function, called only when the WHEN clause says the index changes ----------
@@ -58,17 +68,28 @@ DECLARE
     models text[];
     allow text[];
     named text[];
+    lists boolean := true;  -- an insert writes both; an update, what it changed
+    entries boolean := true;
 BEGIN
-    INSERT INTO queue_refusals (request_id, worker_id)
-        SELECT DISTINCT NEW.id, w FROM jsonb_array_elements_text(
-            coalesce(NEW.worker_deny, '[]'::jsonb) || coalesce(NEW.failed_workers, '[]'::jsonb)
-        ) AS w
-        WHERE length(w) <= {TARGET_LENGTH}
-        ON CONFLICT DO NOTHING;
-    INSERT INTO queue_owner_refusals (request_id, owner_id)
-        SELECT DISTINCT NEW.id, o::integer
-        FROM jsonb_array_elements_text(coalesce(NEW.failed_owners, '[]'::jsonb)) AS o
-        ON CONFLICT DO NOTHING;
+    IF TG_OP = 'UPDATE' THEN
+        lists := {_lists_change("IS DISTINCT FROM")};
+        entries := {_entries_change("IS DISTINCT FROM")};
+    END IF;
+    IF lists THEN
+        INSERT INTO queue_refusals (request_id, worker_id)
+            SELECT DISTINCT NEW.id, w FROM jsonb_array_elements_text(
+                coalesce(NEW.worker_deny, '[]'::jsonb) || coalesce(NEW.failed_workers, '[]'::jsonb)
+            ) AS w
+            WHERE length(w) <= {TARGET_LENGTH}
+            ON CONFLICT DO NOTHING;
+        INSERT INTO queue_owner_refusals (request_id, owner_id)
+            SELECT DISTINCT NEW.id, o::integer
+            FROM jsonb_array_elements_text(coalesce(NEW.failed_owners, '[]'::jsonb)) AS o
+            ON CONFLICT DO NOTHING;
+    END IF;
+    IF NOT entries THEN
+        RETURN NULL;
+    END IF;
     IF TG_OP = 'UPDATE' THEN
         DELETE FROM queue_entries WHERE request_id = NEW.id;
     END IF;
@@ -114,8 +135,11 @@ def _pg_upgrade() -> None:
 # --- SQLite: no variables in a trigger, so the same steps as statements over json_each ----------
 
 
-def _sqlite_steps() -> str:
-    """The statements both SQLite triggers run, in the function's order."""
+def _sqlite_steps(update: bool) -> str:
+    """The statements of a SQLite trigger, in the function's order; an update's run only where it
+    changed what they write (an insert trigger cannot read OLD)."""
+    lists = f" AND {_lists_change('IS NOT')}" if update else ""
+    entries = f" AND {_entries_change('IS NOT')}" if update else ""
     distinct_models = "(SELECT count(DISTINCT value) FROM json_each(NEW.models))"
     allow = "json_each(NEW.worker_allow)"
     ok = (
@@ -132,29 +156,31 @@ def _sqlite_steps() -> str:
     )
     return (
         "INSERT OR IGNORE INTO queue_refusals (request_id, worker_id) "
-        f"SELECT NEW.id, value FROM json_each(NEW.worker_deny) WHERE length(value) <= {TARGET_LENGTH} "
+        f"SELECT NEW.id, value FROM json_each(NEW.worker_deny) WHERE length(value) <= {TARGET_LENGTH}{lists} "
         "UNION SELECT NEW.id, value FROM json_each(NEW.failed_workers) "
-        f"WHERE length(value) <= {TARGET_LENGTH}; "
+        f"WHERE length(value) <= {TARGET_LENGTH}{lists}; "
         "INSERT OR IGNORE INTO queue_owner_refusals (request_id, owner_id) "
-        "SELECT NEW.id, CAST(value AS INTEGER) FROM json_each(NEW.failed_owners); "
-        "DELETE FROM queue_entries WHERE request_id = NEW.id; "
-        f"INSERT INTO queue_entries ({ENTRY_COLUMNS}) "
+        f"SELECT NEW.id, CAST(value AS INTEGER) FROM json_each(NEW.failed_owners) WHERE 1{lists}; "
+        + (f"DELETE FROM queue_entries WHERE request_id = NEW.id{entries}; " if update else "")
+        + f"INSERT INTO queue_entries ({ENTRY_COLUMNS}) "
         "SELECT NEW.id, m.model, t.target, NEW.effective_start, NEW.created_at, NEW.is_chat, NEW.max_length, "
         "CASE WHEN NEW.is_chat THEN NEW.prompt_tokens + NEW.max_length ELSE NEW.max_context_length END, "
         f"NEW.nsfw, NEW.trusted_workers, NEW.slow_workers, {plain} "
         "FROM (SELECT '' AS model WHERE NEW.any_model "
         "UNION SELECT value FROM json_each(NEW.models) WHERE NOT NEW.any_model) AS m, "
         f"(SELECT value AS target FROM {allow} WHERE {ok} UNION SELECT '' WHERE NOT {ok}) AS t "
-        f"WHERE {_open('NEW')};"
+        f"WHERE {_open('NEW')}{entries};"
     )
 
 
 def _sqlite_upgrade() -> None:
-    steps = _sqlite_steps()
     row = "ON text_requests FOR EACH ROW"
-    op.execute(f"CREATE TRIGGER text_requests_queue_insert AFTER INSERT {row} BEGIN {steps} END")
+    inserted, updated = _sqlite_steps(update=False), _sqlite_steps(update=True)
+    op.execute(f"CREATE TRIGGER text_requests_queue_insert AFTER INSERT {row} BEGIN {inserted} END")
     when = _when_update("IS NOT")
-    op.execute(f"CREATE TRIGGER text_requests_queue_update AFTER UPDATE {row} WHEN {when} BEGIN {steps} END")
+    op.execute(
+        f"CREATE TRIGGER text_requests_queue_update AFTER UPDATE {row} WHEN {when} BEGIN {updated} END"
+    )
 
 
 # --- the change log's request trigger, with failed_owners ----------------------------------------
