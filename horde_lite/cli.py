@@ -287,6 +287,72 @@ def users_delete(name: str, yes: bool) -> None:
                f"removed; its {gone.kudos:g} kudos and its history stay")  # fmt: skip
 
 
+# --- invite codes -----------------------------------------------------------------------------------
+
+
+@click.group(help="Invite codes for registration in invite mode ([accounts] registration).")
+def invites() -> None:
+    pass
+
+
+@invites.command("create", help="Make an invite code and print it (shown once) on the last line.")
+@click.option("--uses", type=click.IntRange(1, 10_000), default=1, show_default=True,
+              help="Registrations the code allows.")
+@click.option("--days", type=click.IntRange(0, 36_500), default=7, show_default=True,
+              help="Days until it expires (0: never).")  # fmt: skip
+def invites_create(uses: int, days: int) -> None:
+    from horde_lite.accounts import invites as codes
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await codes.create_in(session, now, uses=uses, days=days, creator=None)
+
+    made = _with_session(work)
+    until = "never expires" if made.expires_at is None else f"expires {_utc(made.expires_at)} UTC"
+    click.echo(f"invite {made.id}: {made.uses} registration(s), {until}; the code (shown once):")
+    click.echo(made.code)
+
+
+def _utc(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+@invites.command("list", help="Every invite code, newest first: id, its first characters, state, uses left.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array instead of the table.")
+def invites_list(as_json: bool) -> None:
+    import dataclasses
+
+    from horde_lite.accounts import invites as codes
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await codes.listing_in(session, now)
+
+    rows = _with_session(work)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo("(no invite codes)")
+    for r in rows:
+        until = "never" if r.expires_at is None else _utc(r.expires_at)
+        click.echo(f"{r.id:>6}  {r.hint}...  {r.state:<8}  {r.uses_left}/{r.uses} left  expires {until}  "
+                   f"by {r.created_by or 'CLI'}")  # fmt: skip
+
+
+@invites.command("revoke", help="Revoke an invite code, named by the code or by its id (from `list`).")
+@click.argument("code")
+def invites_revoke(code: str) -> None:
+    from horde_lite.accounts import invites as codes
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await codes.revoke_in(session, code, now)
+
+    gone = _with_session(work)
+    used = gone.uses - gone.uses_left
+    click.echo(f"invite {gone.id} ({gone.hint}...) is revoked; {used} registration(s) used it")
+
+
 # --- policies ---------------------------------------------------------------------------------------
 
 
@@ -493,7 +559,7 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
 # What `litestar --app horde_lite.app:create_app` gains through the plugin (register_commands), and
 # horde-lite's own commands besides run/routes/version.
 OPERATOR_COMMANDS: tuple[click.Command, ...] = (
-    users, worker_command, demo_command, policies, whatif, database, openapi
+    users, invites, worker_command, demo_command, policies, whatif, database, openapi
 )  # fmt: skip
 
 
@@ -510,7 +576,7 @@ variables. Commands that open the database name it on stderr. Every command: doc
 
 # `--help` lists the commands in this order (a group of click's would sort them by name).
 PANELS = {
-    "Run and operate": ("run", "users", "worker", "demo", "policies", "whatif", "database"),
+    "Run and operate": ("run", "users", "invites", "worker", "demo", "policies", "whatif", "database"),
     "Tools": ("openapi", "routes", "version"),
 }
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}

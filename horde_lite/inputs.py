@@ -238,3 +238,22 @@ class KudosTransferInput(_In):
     # Not bounded below when decoded: a negative or zero amount gets upstream's named refusal
     # (transfers.py); the schema promises what is accepted, at least a cent.
     amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100
+
+
+# --- registration and invite codes (POST /api/v2/register, POST /api/v2/invites)
+
+
+class RegisterInput(_In, forbid_unknown_fields=True):
+    """POST /api/v2/register: a new user's name (the CLI's rules: accounts/users.checked_username)
+    and, when the horde registers by invitation, a moderator's invite code."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    invite: Annotated[str, msgspec.Meta(max_length=100)] | None = None
+
+
+class InviteInput(_In, forbid_unknown_fields=True):
+    """POST /api/v2/invites: how many registrations the code allows and for how many days (0: it
+    never expires)."""
+
+    uses: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1
+    days: Annotated[int, msgspec.Meta(ge=0, le=36_500)] = 7

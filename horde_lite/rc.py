@@ -33,6 +33,9 @@ class Rc(StrEnum):
     KudosTransferNotEnough = "KudosTransferNotEnough", 400
     InvalidTargetUsername = "InvalidTargetUsername", 400
     KudosLimit = "KudosLimit", 400
+    # A new user's name (upstream's codes; an empty or hostile name is a BadRequest).
+    TooLongUserName = "TooLongUserName", 400
+    NameAlreadyExists = "NameAlreadyExists", 400
     TeamNotFound = "TeamNotFound", 404
     MissingPrompt = "MissingPrompt", 400
     TokenOverflow = "TokenOverflow", 400
@@ -57,11 +60,18 @@ class Rc(StrEnum):
     TooManySharedKeys = "TooManySharedKeys", 403
     NotModerator = "NotModerator", 403
     Forbidden = "Forbidden", 403
+    # Registration (horde_lite's own: upstream registers through OAuth pages).
+    RegistrationClosed = "RegistrationClosed", 403
+    InviteRequired = "InviteRequired", 403
+    InviteRevoked = "InviteRevoked", 403
+    InviteUsedUp = "InviteUsedUp", 403
+    InviteExpired = "InviteExpired", 403
     RequestNotFound = "RequestNotFound", 404
     InvalidJobID = "InvalidJobID", 404
     UserNotFound = "UserNotFound", 404
     WorkerNotFound = "WorkerNotFound", 404
     SharedKeyNotFound = "SharedKeyNotFound", 404
+    InviteNotFound = "InviteNotFound", 404
     ModelNotFound = "ModelNotFound", 404
     NotFound = "NotFound", 404
     MethodNotAllowed = "MethodNotAllowed", 405

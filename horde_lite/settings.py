@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import platformdirs
@@ -267,16 +267,25 @@ class RateLimitSettings(_Table):
     # Calls per minute per (API key, client address) pair, counted per server process; 0 = no limit.
     create_per_minute: int = 60
     status_per_minute: int = 600
+    # Registrations (the API's and the page's, refused ones too) per client address per hour.
+    register_per_hour: int = 10
 
     def __post_init__(self) -> None:
-        if self.create_per_minute < 0 or self.status_per_minute < 0:
+        if min(self.create_per_minute, self.status_per_minute, self.register_per_hour) < 0:
             raise ValueError("[ratelimit] limits must be >= 0 (0 turns a limit off)")
+
+
+class AccountsSettings(_Table):
+    # Who may create an account through POST /api/v2/register and the /register page: nobody
+    # ("closed": the CLI only), holders of a moderator's invite code ("invite"), anyone ("open").
+    registration: Literal["closed", "invite", "open"] = "closed"
 
 
 class Settings(_Table):
     database: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     ratelimit: RateLimitSettings = msgspec.field(default_factory=RateLimitSettings)
+    accounts: AccountsSettings = msgspec.field(default_factory=AccountsSettings)
     lease: LeaseSettings = msgspec.field(default_factory=LeaseSettings)
     speed: SpeedSettings = msgspec.field(default_factory=SpeedSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import unicodedata
 import uuid
 from dataclasses import dataclass
 
@@ -95,18 +96,42 @@ async def ensure_anonymous(session: AsyncSession, now: float) -> User:
     return user
 
 
+USERNAME_MAX = 100  # the column's length
+# Control, format (zero-width, bidirectional overrides), separator, surrogate, private-use and
+# unassigned characters: invisible or unstorable (PostgreSQL text holds no NUL), and two names that
+# differ only by them would look the same.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Cn", "Zl", "Zp"})
+
+
+def checked_username(username: str) -> str:
+    """A new user's name as stored (surrounding spaces stripped), or the refusal naming the rule.
+    Names are compared as written, as the CLI and `find_by_name` compare them."""
+    username = username.strip()
+    if not username:
+        raise HordeError(Rc.BadRequest, "A username must not be empty.", param="username")
+    if len(username) > USERNAME_MAX:
+        raise HordeError(
+            Rc.TooLongUserName, f"A username is at most {USERNAME_MAX} characters.", param="username"
+        )
+    if any(unicodedata.category(c) in _HIDDEN_CATEGORIES for c in username):
+        raise HordeError(
+            Rc.BadRequest, "A username may not hold control or invisible characters.", param="username"
+        )
+    if username.lower() == ANONYMOUS_NAME.lower() or "#" in username:
+        raise HordeError(
+            Rc.BadRequest, f"{username!r} is reserved or contains '#'; pick another name.", param="username"
+        )
+    return username
+
+
 async def create_user(
     session: AsyncSession, username: str, now: float, *, trusted: bool = False, moderator: bool = False
 ) -> tuple[User, str]:
     """Create a user and return it with its new key (shown once; only the hash is kept)."""
-    username = username.strip()
-    if not username or len(username) > 100:
-        raise HordeError(Rc.BadRequest, "A username must be 1 to 100 characters.")
-    if username.lower() == ANONYMOUS_NAME.lower() or "#" in username:
-        raise HordeError(Rc.BadRequest, f"{username!r} is reserved or contains '#'; pick another name.")
+    username = checked_username(username)
     exists = await session.execute(select(User.id).where(User.username == username))
     if exists.first() is not None:
-        raise HordeError(Rc.BadRequest, f"A user named {username!r} already exists.")
+        raise HordeError(Rc.NameAlreadyExists, f"A user named {username!r} already exists.", param="username")
     key = new_api_key()
     user = User(
         username=username, api_key_hash=hash_key(key), trusted=trusted, moderator=moderator, created_at=now

@@ -13,6 +13,7 @@ from typing import Any
 
 from jinja2 import Environment
 
+from horde_lite.accounts import invites as invite_codes
 from horde_lite.core.context import Horde
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
@@ -190,12 +191,23 @@ async def candidates(horde: Horde) -> dict[str, Any]:
     }
 
 
+async def invites(horde: Horde) -> dict[str, Any]:
+    return {
+        "invites": await invite_codes.listing(horde),
+        "mode": horde.settings.accounts.registration,
+        "now": horde.clock.now(),
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
     title: str
     build: Callable[[Horde], Awaitable[dict[str, Any]]]
     wide: bool = False
+    # Re-fetched by the page's script every few seconds; a panel with a form is not, so a refresh
+    # never wipes what a moderator is typing.
+    live: bool = True
 
     @property
     def template(self) -> str:
@@ -211,5 +223,6 @@ PANELS: dict[str, Panel] = {
         Panel("allowance", "Allowance decisions", allowance),
         Panel("policies", "Policies", policies),
         Panel("candidates", "Candidate comparison (last 7 days)", candidates, wide=True),
+        Panel("invites", "Invite codes", invites, wide=True, live=False),
     )
 }

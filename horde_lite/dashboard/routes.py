@@ -9,6 +9,7 @@ key, never its hash).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,10 +22,12 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
+from horde_lite.accounts import invites
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import Door, Refused, moderator, moderator_guard, viewer_of
 from horde_lite.api.static_files import static_files_router
 from horde_lite.core.context import Horde
+from horde_lite.core.errors import HordeError
 from horde_lite.dashboard import queries
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
 from horde_lite.rc import Rc
@@ -68,7 +71,7 @@ def _plain_refusal(request: Request[Any, Any, Any], exc: Refused) -> Response[st
     return Response(exc.message, status_code=exc.rc.status, media_type="text/plain", headers=HEADERS)
 
 
-def _same_origin(request: Request[Any, Any, Any]) -> bool:
+def same_origin(request: Request[Any, Any, Any]) -> bool:
     """A form post from this site (SameSite cookies aside, refuse another origin's posts outright).
     `Origin: null` (a sandboxed frame, a privacy-stripped origin) is refused: it proves nothing. No
     `Origin` at all is a client that is not a browser, which a forged cross-site post cannot be."""
@@ -105,7 +108,7 @@ async def panel(horde: HordeDep, name: FromPath[str]) -> Template | Response[str
 
 @post("/login", status_code=303)
 async def login(request: Request[Any, Any, Any], horde: HordeDep) -> Template | Redirect:
-    if not _same_origin(request):
+    if not same_origin(request):
         return _login(403, "A sign-in must come from this site's own form.")
     form = await request.form()
     key = str(form.get("apikey") or "").strip()
@@ -121,10 +124,50 @@ async def login(request: Request[Any, Any, Any], horde: HordeDep) -> Template | 
     return Redirect(PATH, status_code=303, cookies=[cookie], headers=HEADERS)
 
 
+def _whole(value: object) -> int | None:
+    """A form's whole number: ASCII digits, at most six (a bound far above any valid value)."""
+    text = str(value or "").strip()
+    return int(text) if re.fullmatch(r"[0-9]{1,6}", text) else None
+
+
+def _invite_page(status: int, message: str, code: str | None = None) -> Template:
+    context = {"message": message, "code": code}
+    return Template("invite.html", context=context, status_code=status, headers=HEADERS)
+
+
+@post("/invites", **GUARDED, exception_handlers={Refused: _login_page}, status_code=200)
+async def create_invite(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
+    """The invites panel's form: a new code, shown on the page that answers (once)."""
+    if not same_origin(request):
+        return _invite_page(403, "A new invite code must come from this site's own form.")
+    form = await request.form()
+    uses, days = _whole(form.get("uses")), _whole(form.get("days"))
+    if uses is None or days is None:
+        return _invite_page(400, "Registrations and days must be whole numbers.")
+    try:
+        made = await invites.create(horde, uses=uses, days=days, by=viewer_of(request).name)
+    except HordeError as exc:
+        return _invite_page(exc.rc.status, exc.message)
+    return _invite_page(200, "", made.code)
+
+
+@post("/invites/{invite:str}/revoke", **GUARDED, exception_handlers={Refused: _login_page}, status_code=303)
+async def revoke_invite(
+    request: Request[Any, Any, Any], horde: HordeDep, invite: FromPath[str]
+) -> Template | Redirect:
+    if not same_origin(request):
+        return _invite_page(403, "A revocation must come from this site's own form.")
+    try:
+        await invites.revoke(horde, invite)
+    except HordeError as exc:
+        return _invite_page(exc.rc.status, exc.message)
+    return Redirect(f"{PATH}#panel-invites", status_code=303, headers=HEADERS)
+
+
 @post("/logout", status_code=303)
 async def logout(request: Request[Any, Any, Any]) -> Redirect:
     redirect = Redirect(PATH, status_code=303, headers=HEADERS)
-    if _same_origin(request):
+    if same_origin(request):
         redirect.delete_cookie(COOKIE, path=PATH)
     return redirect
 
@@ -136,6 +179,8 @@ router = Router(
         panel,
         login,
         logout,
+        create_invite,
+        revoke_invite,
         static_files_router("/static", STATIC, "dashboard_static"),
     ],
     include_in_schema=False,
@@ -152,7 +197,9 @@ class DashboardPlugin(InitPluginProtocol):
     """Mounts the dashboard and its templates (an app that set its own template config keeps it)."""
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        app_config.route_handlers.append(router)
+        from horde_lite.dashboard.register import router as register_router  # it imports this module
+
+        app_config.route_handlers.extend([router, register_router])
         if app_config.template_config is None:
             app_config.template_config = template_config()
         return app_config

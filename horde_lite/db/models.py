@@ -66,6 +66,26 @@ class SharedKey(Base):
     created_at: Mapped[float] = mapped_column(Float)
 
 
+class InviteCode(Base):
+    """A moderator's invite code for registration in `invite` mode. Only the code's hash is kept
+    (it is shown once, as keys are), with its first characters to tell codes apart in a listing."""
+
+    __tablename__ = "invite_codes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(8))
+    uses: Mapped[int] = mapped_column(Integer)  # registrations it allows
+    used: Mapped[int] = mapped_column(Integer, default=0)  # counted with each user it created
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never
+    # The moderator who made it; None for the CLI and open operator pages.
+    created_by: Mapped[int | None] = mapped_column(
+        ForeignKey("users.id", ondelete="SET NULL"), nullable=True
+    )
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class KudosEvent(Base):
     """Append-only ledger: a balance is the sum of its user's events."""
 

@@ -14,11 +14,15 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
+from horde_lite.accounts.invites import InviteState
+
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
+    InviteInput,
     KudosTransferInput,
     PopInput,
     ProgressInput,
+    RegisterInput,
     SharedKeyInput,
     SharedKeyPatch,
     SubmitInput,
@@ -348,3 +352,30 @@ class SharedKeyDetails(msgspec.Struct, kw_only=True):
 
 class SimpleResponse(msgspec.Struct, kw_only=True):
     message: str
+
+
+# --- registration, keys and invite codes (horde_lite's own: upstream registers through OAuth pages)
+
+
+class UserKeyDetails(msgspec.Struct, kw_only=True):
+    """A user and its new API key: shown in this answer only (only its hash is stored)."""
+
+    id: int
+    username: str  # "name#id"
+    api_key: str
+
+
+class InviteDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An invite code. `code` is in the answer that made it only; listings show `hint`, its first
+    characters, and `id`, which a revocation also takes."""
+
+    id: int
+    hint: str
+    uses: int
+    uses_left: int
+    state: InviteState
+    expires_at: float | None  # epoch seconds; null: never
+    created_by: str | None  # "name#id"; null: the CLI or open operator pages
+    created_at: float
+    revoked_at: float | None
+    code: str | UnsetType = UNSET

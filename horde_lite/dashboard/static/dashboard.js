@@ -1,6 +1,7 @@
 // Live refresh: every few seconds, re-fetch each panel's HTML fragment from
-// /dashboard/panels/<name> and swap it in. A lost session (401/403) reloads the page, which then
-// shows the sign-in form. No framework, no build step.
+// /dashboard/panels/<name> and swap it in (not the panels marked data-static, which hold forms).
+// A lost session (401/403) reloads the page, which then shows the sign-in form. No framework, no
+// build step.
 (function () {
   "use strict";
   const grid = document.querySelector("main.grid");
@@ -34,7 +35,7 @@
   }
 
   async function round() {
-    const panels = Array.from(document.querySelectorAll("[data-panel]"));
+    const panels = Array.from(document.querySelectorAll("[data-panel]:not([data-static])"));
     try {
       await Promise.all(panels.map(refresh));
       rounds += 1;
