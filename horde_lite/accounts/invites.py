@@ -183,6 +183,7 @@ async def claim(session: AsyncSession, code: str | None, now: float) -> None:
             InviteCode.expires_at.is_(None) | (InviteCode.expires_at > now),
         )
         .values(used=InviteCode.used + 1)
+        .execution_options(synchronize_session=False)
     )
     if claimed.rowcount == 1:
         return
