@@ -1,7 +1,8 @@
 """Rate limits on request creation and status reads, per (API key, client address) pair, and on
 registration, per client address.
 
-Litestar's `RateLimitMiddleware` counts calls in a fixed one-minute window in a store. The store is
+Litestar's `RateLimitMiddleware` counts calls in a fixed window (a minute, an hour for registration)
+in a store. The store is
 Litestar's in-memory one, so every server process counts on its own: with `--wc N` a client gets up
 to N times the limit. The key is kept only as a hash, so the store never holds a usable key. The
 429 it raises becomes each face's `RateLimited` answer in `horde_lite.api.errors`.

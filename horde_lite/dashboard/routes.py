@@ -4,7 +4,8 @@ inline SVG charts, one fragment route per panel that the page's script re-fetche
 Access (`moderator_guard`, with the dashboard's `DOOR`): open when `[http] open_operator_pages` is
 true; otherwise a moderator's key, sent as the `apikey` header (scripts) or once through the login
 form, which sets an HttpOnly, SameSite=Strict cookie holding a signed session (queries.py: never the
-key, never its hash).
+key, never its hash). The invites panel's forms post to guarded routes here, with the sign-in's origin
+check; the /register page (register.py) is mounted beside the dashboard by its plugin.
 """
 
 from __future__ import annotations

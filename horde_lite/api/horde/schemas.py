@@ -14,8 +14,6 @@ from typing import Any, Literal
 import msgspec
 from msgspec import UNSET, UnsetType
 
-from horde_lite.accounts.invites import InviteState
-
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
     InviteInput,
@@ -373,7 +371,7 @@ class InviteDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
     hint: str
     uses: int
     uses_left: int
-    state: InviteState
+    state: Literal["active", "used up", "expired", "revoked"]  # accounts.invites.InviteState
     expires_at: float | None  # epoch seconds; null: never
     created_by: str | None  # "name#id"; null: the CLI or open operator pages
     created_at: float
