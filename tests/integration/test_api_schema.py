@@ -32,8 +32,11 @@ from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
 
 # Routes that are not the API: the docs pages, their assets, the schema itself and /metrics.
-# Not API: metrics, the schema and its UI, and the operators' dashboard (HTML pages for a browser).
-NOT_API = re.compile(r"^/(metrics|schema(/.*)?|api|api/swagger\.json|api/docs-assets(/.*)?|dashboard(/.*)?)$")
+# Not API: metrics, the schema and its UI, the operators' dashboard and the /register page (HTML
+# pages for a browser).
+NOT_API = re.compile(
+    r"^/(metrics|schema(/.*)?|api|api/swagger\.json|api/docs-assets(/.*)?|dashboard(/.*)?|register(/.*)?)$"
+)
 
 
 async def test_schema_is_served_at_both_paths(client: HordeClient) -> None:
