@@ -296,8 +296,13 @@ def invites() -> None:
 
 
 @invites.command("create", help="Make an invite code and print it (shown once) on the last line.")
-@click.option("--uses", type=click.IntRange(1, 10_000), default=1, show_default=True,
-              help="Registrations the code allows.")
+@click.option(
+    "--uses",
+    type=click.IntRange(1, 10_000),
+    default=1,
+    show_default=True,
+    help="Registrations the code allows.",
+)
 @click.option("--days", type=click.IntRange(0, 36_500), default=7, show_default=True,
               help="Days until it expires (0: never).")  # fmt: skip
 def invites_create(uses: int, days: int) -> None:

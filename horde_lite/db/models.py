@@ -79,9 +79,7 @@ class InviteCode(Base):
     used: Mapped[int] = mapped_column(Integer, default=0)  # counted with each user it created
     expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never
     # The moderator who made it; None for the CLI and open operator pages.
-    created_by: Mapped[int | None] = mapped_column(
-        ForeignKey("users.id", ondelete="SET NULL"), nullable=True
-    )
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 

@@ -278,7 +278,7 @@ async def test_hostile_names_are_refused_by_name_and_change_nothing(db_url: str)
 
 
 async def test_a_look_alike_name_is_another_user_and_takes_nothing(db_url: str) -> None:
-    """Names compare as written (as the CLI compares them): a Cyrillic "а" makes another name, a
+    """Names compare as written (as the CLI compares them): a Cyrillic "a" (U+0430) makes another name, a
     user of its own id, which reaches nothing of the first one's."""
     async with horde_in(db_url, "open") as client:
         first = (await register(client, "admin")).json()
@@ -314,7 +314,8 @@ async def test_hostile_invite_codes_are_refused_and_use_nothing(db_url: str) -> 
                 what,
                 answer.text,
             )
-            assert answer.json()["rc"] and answer.json()["message"], what
+            assert answer.json()["rc"], what
+            assert answer.json()["message"], what
         assert (await listed(client, moderator))[made["id"]]["uses_left"] == 1
         assert await users(client) == ["mod"]
 
@@ -330,7 +331,8 @@ async def test_a_user_rotates_its_own_key(client: HordeClient) -> None:
     body = rotated.json()
     assert (body["id"], body["username"]) == (before["id"], before["username"])
     new = body["api_key"]
-    assert len(new) == 22 and new != old
+    assert len(new) == 22
+    assert new != old
     refused(await me(client, old), 401, "InvalidAPIKey")
     refused(await client.http.post(ROTATE, headers={"apikey": old}), 401, "InvalidAPIKey")
     assert (await me(client, new)).json()["username"] == before["username"]
