@@ -171,13 +171,10 @@ def _summary_json(row: Any) -> dict[str, Any]:
 
 def _table(rows: Sequence[Any]) -> str:
     """A plain aligned table: no colour, no box, so it greps and pipes."""
-    from datetime import UTC, datetime
-
     head = ("USER", "KUDOS", "TRUSTED", "MODERATOR", "WORKERS", "CREATED")
     body = [
         (r.name, f"{r.kudos:,.2f}".rstrip("0").rstrip("."), "yes" if r.trusted else "no",
-         "yes" if r.moderator else "no", str(r.workers),
-         datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M"))
+         "yes" if r.moderator else "no", str(r.workers), _utc(r.created_at))
         for r in rows
     ]  # fmt: skip
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]

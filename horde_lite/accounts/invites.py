@@ -133,6 +133,10 @@ async def listing(horde: Horde) -> list[Invite]:
         return await listing_in(session, horde.clock.now())
 
 
+def _unknown(what: str = "code", **extra: str) -> HordeError:
+    return HordeError(Rc.InviteNotFound, f"No invite has that {what}.", **extra)
+
+
 async def _find(session: AsyncSession, code_or_id: str) -> InviteCode:
     """An invite by its code, or by the id a listing shows (ASCII digits: no code is all digits)."""
     invite_id = user_id_part(code_or_id)
@@ -141,10 +145,10 @@ async def _find(session: AsyncSession, code_or_id: str) -> InviteCode:
     elif _CODE.fullmatch(code_or_id):
         query = select(InviteCode).where(InviteCode.code_hash == hash_key(code_or_id))
     else:
-        raise HordeError(Rc.InviteNotFound, "No invite has that code or id.")
+        raise _unknown("code or id")
     found = (await session.execute(query.with_for_update())).scalar_one_or_none()
     if found is None:
-        raise HordeError(Rc.InviteNotFound, "No invite has that code or id.")
+        raise _unknown("code or id")
     return found
 
 
@@ -172,7 +176,7 @@ async def claim(session: AsyncSession, code: str | None, now: float) -> None:
             Rc.InviteRequired, "Registration on this horde needs an invite code.", param="invite"
         )
     if not _CODE.fullmatch(code):
-        raise HordeError(Rc.InviteNotFound, "No invite has that code.", param="invite")
+        raise _unknown(param="invite")
     digest = hash_key(code)
     claimed = await session.execute(
         update(InviteCode)
@@ -190,7 +194,7 @@ async def claim(session: AsyncSession, code: str | None, now: float) -> None:
     found = await session.execute(select(InviteCode).where(InviteCode.code_hash == digest))
     row = found.scalar_one_or_none()
     if row is None:
-        raise HordeError(Rc.InviteNotFound, "No invite has that code.", param="invite")
+        raise _unknown(param="invite")
     used_up = (Rc.InviteUsedUp, "This invite code has been used as often as it allows.")
     refusal = {
         "revoked": (Rc.InviteRevoked, "This invite code was revoked."),

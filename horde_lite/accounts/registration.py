@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from sqlalchemy.exc import IntegrityError
-
 from horde_lite.accounts import invites
 from horde_lite.accounts.users import (
     authenticate,
@@ -49,13 +47,7 @@ async def register(horde: Horde, username: str, invite: str | None) -> UserKey:
     async with horde.transaction() as session:
         if mode == "invite":
             await invites.claim(session, invite, now)
-        try:
-            async with session.begin_nested():
-                user, key = await create_user(session, username, now)
-        except IntegrityError:  # a concurrent registration took the name first (PostgreSQL)
-            raise HordeError(
-                Rc.NameAlreadyExists, f"A user named {username!r} already exists.", param="username"
-            ) from None
+        user, key = await create_user(session, username, now)
         return UserKey(public_id(user), display_name(user), key)
 
 

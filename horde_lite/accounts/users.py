@@ -129,15 +129,20 @@ async def create_user(
 ) -> tuple[User, str]:
     """Create a user and return it with its new key (shown once; only the hash is kept)."""
     username = checked_username(username)
+    taken = HordeError(Rc.NameAlreadyExists, f"A user named {username!r} already exists.", param="username")
     exists = await session.execute(select(User.id).where(User.username == username))
     if exists.first() is not None:
-        raise HordeError(Rc.NameAlreadyExists, f"A user named {username!r} already exists.", param="username")
+        raise taken
     key = new_api_key()
     user = User(
         username=username, api_key_hash=hash_key(key), trusted=trusted, moderator=moderator, created_at=now
     )
-    session.add(user)
-    await session.flush()
+    try:
+        async with session.begin_nested():
+            session.add(user)
+            await session.flush()
+    except IntegrityError:  # a concurrent creation took the name after the check (PostgreSQL)
+        raise taken from None
     return user, key
 
 

@@ -104,13 +104,13 @@ def test_invites_create_list_and_revoke(run: Any, db_url: str) -> None:
     assert code not in run(cli.invites, "list").output  # listed by its first characters only
     assert code[:4] in run(cli.invites, "list").output
     second = run(cli.invites, "create").output.strip().splitlines()[-1]
-    listed = json.loads(run(cli.invites, "list", "--json").output)
+    listed = json.loads(run(cli.invites, "list", "--json").stdout)
     assert [(i["id"], i["state"], i["uses_left"]) for i in listed] == [(2, "active", 1), (1, "active", 3)]
     assert all(i["code"] is None for i in listed)
 
     assert run(cli.invites, "revoke", code).exit_code == 0  # by the code
     assert run(cli.invites, "revoke", "2").exit_code == 0  # by the id a listing shows
-    listed = json.loads(run(cli.invites, "list", "--json").output)
+    listed = json.loads(run(cli.invites, "list", "--json").stdout)
     assert [i["state"] for i in listed] == ["revoked", "revoked"]
     assert second not in run(cli.invites, "list").output
     for bad in (("revoke", "nope"), ("create", "--uses", "0"), ("create", "--days", "-1")):
