@@ -315,11 +315,16 @@ class UserSummary:
     created_at: float
 
 
-async def summaries(session: AsyncSession, *, include_deleted: bool = False) -> list[UserSummary]:
-    """Every user in id order (the deleted ones only when asked), with its worker count."""
-    query = select(User).order_by(User.id)
+async def summaries(
+    session: AsyncSession, *, include_deleted: bool = False, search: str = "", limit: int | None = None
+) -> list[UserSummary]:
+    """Every user in id order (the deleted ones only when asked), with its worker count; `search`
+    keeps the names holding it (ASCII letters in either case), `limit` the first so many."""
+    query = select(User).order_by(User.id).limit(limit)
     if not include_deleted:
         query = query.where(User.username.not_like(f"{DELETED_PREFIX}%"))
+    if search:
+        query = query.where(func.lower(User.username).contains(search.lower(), autoescape=True))
     users = list((await session.execute(query)).scalars())
     live = select(Worker.owner_id, func.count()).where(Worker.deleted_at.is_(None)).group_by(Worker.owner_id)
     counts: dict[int, int] = dict((await session.execute(live)).tuples().all())
