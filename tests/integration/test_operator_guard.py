@@ -29,7 +29,11 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
                 continue
             assert moderator_guard in handler.resolve_guards(), route.path
             guarded.add(route.path)
-    assert guarded == {"/operator/policies", "/dashboard", "/dashboard/panels/{name:str}"}
+    assert guarded == {
+        "/operator/policies", "/dashboard", "/dashboard/panels/{name:str}", "/dashboard/users/create",
+        "/dashboard/users/{user_id:str}/kudos", "/dashboard/users/{user_id:str}/flags",
+        "/dashboard/users/{user_id:str}/delete",
+    }  # fmt: skip
 
 
 async def test_each_route_answers_the_turned_away_as_before(client: HordeClient) -> None:
