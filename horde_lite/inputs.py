@@ -222,13 +222,54 @@ class SharedKeyPatch(_In):
 KudosAmount = Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)]
 
 
+# What a moderator writes about a user (contact, admin_comment): empty clears it.
+UserNote = Annotated[str, msgspec.Meta(max_length=500)]
+# A field of upstream's ModifyUserInput that horde_lite refuses by name (accounts/profiles.py says
+# why): declared so that the refusal can give its reason, and described as accepting no value.
+Refused = Annotated[Any, msgspec.Meta(extra_json_schema={"not": {}})]
+
+
 class UserUpdate(_In, forbid_unknown_fields=True):
-    """PUT /users/{id} (upstream's ModifyUserInput), the fields horde_lite has; any other of
-    upstream's fields is refused by name rather than dropped."""
+    """PUT /users/{id} (upstream's ModifyUserInput): only the fields sent change. The fields typed
+    `Refused` are upstream's that horde_lite does not have; each is refused by name with its reason,
+    and any other field is refused as unknown, never dropped."""
 
     kudos: KudosAmount | None = None  # added to the balance (negative: taken), through the ledger
     trusted: bool | None = None
     moderator: bool | None = None
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+    contact: UserNote | None = None
+    admin_comment: UserNote | None = None
+    public_workers: bool | None = None
+    worker_invited: Count | None = None
+    usage_multiplier: Refused = msgspec.UNSET
+    undelete: Refused = msgspec.UNSET
+    reset_suspicion: Refused = msgspec.UNSET
+    flagged: Refused = msgspec.UNSET
+    customizer: Refused = msgspec.UNSET
+    vpn: Refused = msgspec.UNSET
+    special: Refused = msgspec.UNSET
+    education: Refused = msgspec.UNSET
+    service: Refused = msgspec.UNSET
+    filtered: Refused = msgspec.UNSET
+    generate_proxy_passkey: Refused = msgspec.UNSET
+
+
+class UserCreate(_In, forbid_unknown_fields=True):
+    """POST /users: a new user, made by a moderator; its key is shown once in the answer."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    kudos: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0  # granted through the ledger
+    trusted: bool = False
+    moderator: bool = False
+
+
+class KudosAwardInput(_In):
+    """POST /kudos/award (upstream's body and default amount): a moderator gives kudos. The amount
+    is not bounded below when decoded, so that zero and negatives get a named refusal."""
+
+    username: Username
+    amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100
 
 
 class KudosTransferInput(_In):

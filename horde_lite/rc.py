@@ -36,6 +36,9 @@ class Rc(StrEnum):
     # A new user's name (upstream's codes; an empty or hostile name is a BadRequest).
     TooLongUserName = "TooLongUserName", 400
     NameAlreadyExists = "NameAlreadyExists", 400
+    # Moderators' user actions (upstream's codes): awarding kudos, deleting a user.
+    InvalidAwardUsername = "InvalidAwardUsername", 400
+    KudosAwardToAnon = "KudosAwardToAnon", 400
     TeamNotFound = "TeamNotFound", 404
     MissingPrompt = "MissingPrompt", 400
     TokenOverflow = "TokenOverflow", 400
@@ -55,6 +58,11 @@ class Rc(StrEnum):
     WrongCredentials = "WrongCredentials", 403
     AnonForbidden = "AnonForbidden", 403
     AnonForbiddenWorker = "AnonForbiddenWorker", 403
+    AnonForbiddenUser = "AnonForbiddenUser", 403
+    AnonForbiddenUserMod = "AnonForbiddenUserMod", 403
+    NotUserOrMod = "NotUserOrMod", 403
+    CannotDeleteMod = "CannotDeleteMod", 403
+    NotAllowedAwards = "NotAllowedAwards", 403
     WorkerMaintenance = "WorkerMaintenance", 403
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403

@@ -65,7 +65,19 @@ AT_LEAST: dict[str, list[Schema]] = {
         struct: [Schema(required=[f], properties={f: _NOT_NULL}) for f in fields]
         for struct, fields in (
             ("WorkerUpdate", ("maintenance", "maintenance_msg", "paused", "info", "name", "team")),
-            ("UserUpdate", ("kudos", "trusted", "moderator")),
+            (
+                "UserUpdate",
+                (
+                    "kudos",
+                    "trusted",
+                    "moderator",
+                    "username",
+                    "contact",
+                    "admin_comment",
+                    "public_workers",
+                    "worker_invited",
+                ),
+            ),
         )
     },
 }
@@ -77,6 +89,7 @@ _FIELDS = {
     "minLength": "min_length", "maxLength": "max_length", "exclusiveMinimum": "exclusive_minimum",
     "exclusiveMaximum": "exclusive_maximum", "multipleOf": "multiple_of", "minProperties": "min_properties",
     "maxProperties": "max_properties", "uniqueItems": "unique_items", "propertyNames": "property_names",
+    "not": "schema_not",
 }  # fmt: skip
 _NESTED = frozenset(
     (
@@ -105,6 +118,8 @@ def _as_spec(js: dict[str, Any]) -> Schema | Reference:
             value = [OpenAPIType(t) for t in value] if isinstance(value, list) else OpenAPIType(value)
         elif name == "discriminator":
             value = Discriminator(property_name=value["propertyName"], mapping=value.get("mapping"))
+        elif name == "schema_not":  # `{"not": {}}`: no value at all (a field refused by name)
+            value = _as_spec(value) if value else Schema()
         elif name == "properties":
             value = {k: _as_spec(v) for k, v in value.items()}
         elif name in _NESTED and isinstance(value, dict):

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite import whatif
+from horde_lite.accounts.users import UserSummary, summaries
 from horde_lite.core.context import Horde
 from horde_lite.db.models import (
     AdmissionRecord,
@@ -42,6 +43,7 @@ WINDOW_SECONDS = 24 * 3600.0  # the shadow and allowance panels: the last day
 CANDIDATE_WINDOW_SECONDS = 7 * 86400.0  # the candidate comparison: the last week
 MAX_BINS = 48
 MAX_WORKERS = 200
+MAX_USERS = 100  # the users panel's rows; its search narrows them
 SERVICE_POINTS = 400  # the newest ended assignments drawn one dot each
 RECENT_ADMISSIONS = 200
 RECENT_CHANGES = 20
@@ -645,3 +647,21 @@ async def candidate_comparison(horde: Horde) -> CandidateView:
         errors=errors,
         counts=[DecisionCount(str(k), str(c), str(f), str(d), str(cd), int(n)) for k, c, f, d, cd, n in rows],
     )
+
+
+# --- users (the panel's actions: routes.py, through accounts/profiles.py) ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UsersView:
+    rows: list[UserSummary]
+    search: str
+    more: bool  # more users match than the panel shows
+
+
+async def users(horde: Horde, search: str = "") -> UsersView:
+    """The users whose names hold `search` (all when empty), oldest first, at most MAX_USERS."""
+    search = search.strip()[:100]
+    async with horde.transaction() as session:
+        rows = await summaries(session, search=search, limit=MAX_USERS + 1)
+    return UsersView(rows=rows[:MAX_USERS], search=search, more=len(rows) > MAX_USERS)

@@ -6,6 +6,7 @@ renders them all, `/dashboard/panels/<name>` one (what the page's script re-fetc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,9 +54,14 @@ def seconds(value: float | None) -> str:
     return f"{value / 86400:.1f} d"
 
 
+def utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(epoch))
+
+
 def filters(env: Environment) -> None:
     """The templates' filters (registered by the template config's engine callback)."""
     env.filters["seconds"] = seconds
+    env.filters["utc"] = utc
     env.filters["speed"] = lambda v: "unmeasured" if v is None else f"{v:.1f}"
 
 
@@ -199,15 +205,21 @@ async def invites(horde: Horde) -> dict[str, Any]:
     }
 
 
+async def users(horde: Horde, search: str = "") -> dict[str, Any]:
+    return {"view": await data.users(horde, search)}
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
     title: str
-    build: Callable[[Horde], Awaitable[dict[str, Any]]]
+    # A searchable panel's builder also takes the page's `q` (its search box).
+    build: Callable[..., Awaitable[dict[str, Any]]]
     wide: bool = False
-    # Re-fetched by the page's script every few seconds; a panel with a form is not, so a refresh
-    # never wipes what a moderator is typing.
-    live: bool = True
+    searchable: bool = False
+
+    async def context(self, horde: Horde, search: str) -> dict[str, Any]:
+        return await (self.build(horde, search) if self.searchable else self.build(horde))
 
     @property
     def template(self) -> str:
@@ -223,6 +235,7 @@ PANELS: dict[str, Panel] = {
         Panel("allowance", "Allowance decisions", allowance),
         Panel("policies", "Policies", policies),
         Panel("candidates", "Candidate comparison (last 7 days)", candidates, wide=True),
-        Panel("invites", "Invite codes", invites, wide=True, live=False),
+        Panel("users", "Users", users, wide=True, searchable=True),
+        Panel("invites", "Invite codes", invites, wide=True),
     )
 }

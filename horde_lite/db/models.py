@@ -50,6 +50,13 @@ class User(Base):
     recent_failures: Mapped[list[float]] = mapped_column(JsonList, default=list, server_default="[]")
     # Until then the user's workers are held in maintenance: a check-in puts one back in.
     failure_cooldown_until: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # What PUT /users/{id} sets (accounts/profiles.py): how the horde's moderators reach the user
+    # (shown to the user and moderators), their note on it (moderators only), whether the user's
+    # worker ids are public, and how many workers it may hold when above the default limit.
+    contact: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    admin_comment: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    public_workers: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    worker_invited: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class SharedKey(Base):

@@ -261,8 +261,7 @@ async def test_the_page_shows_every_panel_in_a_browser(
     assert set(panels) == set(PANELS), sorted(panels)
     assert re.search(r'data-rounds="[1-9]', dom), "the refresh script did not complete a round"
     for name, html in panels.items():
-        # A panel with a form is left alone by the script (a refresh would wipe what is typed).
-        assert ("data-updated=" in html) is PANELS[name].live, f"{name}: refreshed {PANELS[name].live}"
+        assert "data-updated=" in html, f"{name}: not refreshed"
         assert '<tr class="data' in html or re.search(r'<svg[^>]*>.*class="mark', html, re.S), name
     for name in ("queue", "shadow", "allowance", "candidates"):
         assert re.search(r'<svg[^>]*>.*class="mark', panels[name], re.S), f"{name}: no chart with data"

@@ -345,7 +345,9 @@ def assert_not_500(response: Any, path: str, what: str) -> None:
 
 
 async def test_integers_beyond_the_digit_limit_in_every_path_and_query_parameter(client: HordeClient) -> None:
-    key = await client.user("owner", kudos=1000)
+    # A moderator: DELETE /users/{id} of its own padded id is then refused (CannotDeleteMod), so the
+    # walk changes nothing that `stored` compares.
+    key = await client.user("owner", kudos=1000, moderator=True)
     await client.user("bob")
     queries = query_parameters(client)
     before = await stored(client)

@@ -122,9 +122,6 @@ async def test_a_moderator_makes_and_revokes_codes_on_the_dashboard(db_url: str)
         assert panel.status_code == 200
         assert 'action="/dashboard/invites"' in panel.text
         assert "No invite code yet" in panel.text
-        page = await client.http.get("/dashboard", headers=mod)
-        # A panel with a form is not re-fetched by the page's script (which would wipe the form).
-        assert re.search(r'data-panel="invites"\s+data-static', page.text)
 
         # Only a moderator, only from the dashboard's own form.
         for headers, status in (({}, 401), ({"apikey": plain}, 403), ({**mod, **OTHER_SITE}, 403)):

@@ -11,7 +11,7 @@ from litestar.params import FromPath, JSONBody
 
 from horde_lite.accounts import invites, registration
 from horde_lite.api.deps import CallerDep, HordeDep
-from horde_lite.api.guards import moderator_guard, viewer_of
+from horde_lite.api.guards import OPERATOR_ACTIONS, moderator_guard, viewer_of
 from horde_lite.api.horde.schemas import InviteDetails, InviteInput, RegisterInput, UserKeyDetails
 
 
@@ -45,7 +45,7 @@ async def rotate_key(horde: HordeDep, caller: CallerDep) -> UserKeyDetails:
     return user_key(await registration.rotate_own_key(horde, caller))
 
 
-@post("/invites", status_code=200, guards=[moderator_guard])
+@post("/invites", status_code=200, guards=[moderator_guard], opt={"door": OPERATOR_ACTIONS})
 async def create_invite(
     request: Request[Any, Any, Any], data: JSONBody[InviteInput], horde: HordeDep
 ) -> InviteDetails:
@@ -54,13 +54,13 @@ async def create_invite(
     return invite_details(await invites.create(horde, uses=data.uses, days=data.days, by=by))
 
 
-@get("/invites", guards=[moderator_guard])
+@get("/invites", guards=[moderator_guard], opt={"door": OPERATOR_ACTIONS})
 async def list_invites(horde: HordeDep) -> list[InviteDetails]:
     """The newest codes first (at most 1000), whatever their state."""
     return [invite_details(i) for i in await invites.listing(horde)]
 
 
-@delete("/invites/{code:str}", status_code=200, guards=[moderator_guard])
+@delete("/invites/{code:str}", status_code=200, guards=[moderator_guard], opt={"door": OPERATOR_ACTIONS})
 async def revoke_invite(horde: HordeDep, code: FromPath[str]) -> InviteDetails:
     """By the code itself or the `id` a listing shows; revoking twice changes nothing."""
     return invite_details(await invites.revoke(horde, code))

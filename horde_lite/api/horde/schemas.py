@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
     InviteInput,
+    KudosAwardInput,
     KudosTransferInput,
     PopInput,
     ProgressInput,
@@ -25,6 +26,7 @@ from horde_lite.inputs import (  # noqa: F401
     SharedKeyPatch,
     SubmitInput,
     TextRequestInput,
+    UserCreate,
     UserUpdate,
     WorkerUpdate,
 )
@@ -322,8 +324,11 @@ class UserDetails(msgspec.Struct, kw_only=True):
     account_age: int  # seconds
     contributions: ContributionsDetails
     records: UserRecords
-    worker_ids: list[str] | UnsetType = UNSET  # the user's own key, or a moderator
-    sharedkey_ids: list[str] | UnsetType = UNSET  # the same; each key's hash, not the key
+    worker_ids: list[str] | UnsetType = UNSET  # the user's own key, a moderator, or public_workers
+    sharedkey_ids: list[str] | UnsetType = UNSET  # the user's own key or a moderator; hashes, not keys
+    worker_invited: int = 0  # workers the user may hold beyond the default limit (0: the default)
+    contact: str | UnsetType = UNSET  # the user's own key or a moderator
+    admin_comment: str | UnsetType = UNSET  # moderators only
 
 
 class ModifyUser(msgspec.Struct, kw_only=True):
@@ -332,10 +337,37 @@ class ModifyUser(msgspec.Struct, kw_only=True):
     new_kudos: float | UnsetType = UNSET
     trusted: bool | UnsetType = UNSET
     moderator: bool | UnsetType = UNSET
+    username: str | UnsetType = UNSET  # the new "name#id"
+    contact: str | UnsetType = UNSET
+    admin_comment: str | UnsetType = UNSET
+    public_workers: bool | UnsetType = UNSET
+    worker_invited: int | UnsetType = UNSET
+
+
+class CreatedUser(msgspec.Struct, kw_only=True):
+    """POST /users (horde_lite's own route): the new user and its key, shown this once."""
+
+    id: int
+    username: str  # "name#id"
+    api_key: str
+
+
+class DeletedUserAnswer(msgspec.Struct, kw_only=True):
+    """DELETE /users/{id}: upstream's SimpleResponse, with what went with the user."""
+
+    message: str
+    deleted_username: str  # as it was: "name#id"
+    kudos: float  # the balance the deleted row keeps
+    workers_deleted: int
+    sharedkeys_removed: int
 
 
 class KudosTransferred(msgspec.Struct, kw_only=True):
     transferred: float
+
+
+class KudosAwarded(msgspec.Struct, kw_only=True):
+    awarded: float
 
 
 class SharedKeyDetails(msgspec.Struct, kw_only=True):
