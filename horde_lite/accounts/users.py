@@ -114,7 +114,9 @@ def checked_username(username: str) -> str:
     if not name:
         raise HordeError(Rc.BadRequest, "A username must not be empty.", param="username")
     if len(name) > USERNAME_MAX:
-        raise HordeError(Rc.TooLongUserName, f"A username is at most {USERNAME_MAX} characters.", param="username")
+        raise HordeError(
+            Rc.TooLongUserName, f"A username is at most {USERNAME_MAX} characters.", param="username"
+        )
     if any(_hidden(c) for c in name):
         raise HordeError(
             Rc.BadRequest,

@@ -201,7 +201,6 @@ async def logout(request: Request[Any, Any, Any]) -> Redirect:
 # --- the users panel's actions -------------------------------------------------------------------
 
 
-
 def _done(
     message: str, *, status: int = 200, api_key: str = "", confirm: dict[str, Any] | None = None
 ) -> Template:
