@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos
+from horde_lite.accounts import kudos, limits
 from horde_lite.accounts.users import (
     ANONYMOUS_PUBLIC_ID,
     authenticate,
@@ -68,6 +68,7 @@ class UserModified:
     new_kudos: float | None = None
     trusted: bool | None = None
     moderator: bool | None = None
+    limits_changed: limits.UserLimitsChanged | None = None
 
 
 async def _records(
@@ -182,7 +183,7 @@ async def list_users(horde: Horde, *, page: int = 1, sort: str = "kudos") -> lis
 async def modify_user(horde: Horde, caller: Caller, user_id: str, body: UserUpdate) -> UserModified:
     """PUT /users/{id}, moderators only: kudos (added through the ledger), trusted, moderator. The
     anonymous user's balance may be adjusted, its flags not."""
-    if body.kudos is None and body.trusted is None and body.moderator is None:
+    if body.kudos is None and body.trusted is None and body.moderator is None and not limits.sets_limits(body):
         raise HordeError(Rc.NoValidActions, "No user modification selected.")
     now = horde.clock.now()
     async with horde.transaction() as session:
@@ -204,4 +205,8 @@ async def modify_user(horde: Horde, caller: Caller, user_id: str, body: UserUpda
             await kudos.record(session, user.id, round(body.kudos, 2), "admin", f"moderator:{actor.id}", now)
             await session.refresh(user, ["kudos"])
             new_kudos = round(user.kudos, 2)
-        return UserModified(new_kudos=new_kudos, trusted=body.trusted, moderator=body.moderator)
+        changed = await limits.set_user_limits(session, user, body, actor.id, now) if limits.sets_limits(body) else None
+        if changed is not None and changed.monthly_kudos is not None and body.kudos is not None:
+            await session.refresh(user, ["kudos"])
+            new_kudos = round(user.kudos, 2)
+        return UserModified(new_kudos=new_kudos, trusted=body.trusted, moderator=body.moderator, limits_changed=changed)
