@@ -166,7 +166,9 @@ class LimitSettings(_Table):
         from horde_lite.accounts.limits import MAX_RATE, check_model_list  # it reads no settings
 
         if not -1 <= self.requests_per_minute <= MAX_RATE or not -1 <= self.tokens_per_day <= 2**31 - 1:
-            raise ValueError(f"[limits] requests_per_minute (-1..{MAX_RATE}) and tokens_per_day must be >= -1")
+            raise ValueError(
+                f"[limits] requests_per_minute (-1..{MAX_RATE}) and tokens_per_day must be >= -1"
+            )
         problem = check_model_list(self.allowed_models)
         if problem:
             raise ValueError(f"[limits] allowed_models: {problem}")

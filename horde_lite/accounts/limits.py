@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import calendar
 import math
-import time
 import re
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -57,7 +57,10 @@ def check_model_list(models: Sequence[str]) -> str | None:
         return f"at most {MAX_ALLOWED_MODELS} models, got {len(models)}"
     for name in models:
         if len(name) > MAX_MODEL_NAME or not _NAME.fullmatch(name):
-            return f"model name {name[:40]!r} is empty, longer than {MAX_MODEL_NAME} characters, or has surrounding spaces or control characters"
+            return (
+                f"model name {name[:40]!r} is empty, longer than {MAX_MODEL_NAME} characters, or has "
+                "surrounding spaces or control characters"
+            )
     return None
 
 
@@ -245,7 +248,9 @@ async def _usage(
     tokens = 0
     if limits.tokens_per_day >= 0:
         today = and_(_scope(user_id, key_hash), _la.c.created_at >= day_start(now))
-        tokens = (await session.execute(select(func.coalesce(func.sum(_la.c.tokens), 0)).where(today))).scalar_one()
+        tokens = (
+            await session.execute(select(func.coalesce(func.sum(_la.c.tokens), 0)).where(today))
+        ).scalar_one()
     return Usage(waiting, last_minute, frees_at, int(tokens))
 
 
@@ -300,10 +305,19 @@ _SETTLE = (
 )
 
 
+_COUNTED = select(_la.c.request_id).where(_la.c.request_id == bindparam("ended_request"))
+
+
 async def settle_tokens(session: AsyncSession, request_id: str) -> None:
     """A request is over: its reservation becomes what its jobs generated, so the day's limit
-    counts what was made, not what was asked. A request never written down changes nothing."""
-    await session.execute(_SETTLE, {"ended_request": request_id})
+    counts what was made, not what was asked. A request never written down costs one lookup by key
+    (a Core statement: nothing is flushed for it); one that was has its jobs' pending ends flushed
+    first, so that the sum reads them."""
+    values = {"ended_request": request_id}
+    if (await session.execute(_COUNTED, values)).first() is None:
+        return
+    await session.flush()
+    await session.execute(_SETTLE, values)
 
 
 async def forget_before(session: AsyncSession, now: float) -> None:
@@ -389,7 +403,9 @@ async def set_user_limits(
     from horde_lite.accounts import kudos
 
     if body.monthly_kudos is not None and user.anonymous:
-        raise HordeError(Rc.BadRequest, "The anonymous user's kudos are everyone's: it receives no monthly kudos.")
+        raise HordeError(
+            Rc.BadRequest, "The anonymous user's kudos are everyone's: it receives no monthly kudos."
+        )
     if body.concurrency is not None:
         user.concurrency = body.concurrency
     if body.allowed_models is not None:
@@ -405,7 +421,9 @@ async def set_user_limits(
         if user.monthly_kudos_last_received is None:
             user.monthly_kudos_last_received = now
         if body.monthly_kudos > 0:
-            await kudos.record(session, user.id, float(body.monthly_kudos), "monthly", f"moderator:{actor_id}", now)
+            await kudos.record(
+                session, user.id, float(body.monthly_kudos), "monthly", f"moderator:{actor_id}", now
+            )
     await session.flush()
     return UserLimitsChanged(
         concurrency=body.concurrency,

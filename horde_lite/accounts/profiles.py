@@ -183,7 +183,12 @@ async def list_users(horde: Horde, *, page: int = 1, sort: str = "kudos") -> lis
 async def modify_user(horde: Horde, caller: Caller, user_id: str, body: UserUpdate) -> UserModified:
     """PUT /users/{id}, moderators only: kudos (added through the ledger), trusted, moderator. The
     anonymous user's balance may be adjusted, its flags not."""
-    if body.kudos is None and body.trusted is None and body.moderator is None and not limits.sets_limits(body):
+    if (
+        body.kudos is None
+        and body.trusted is None
+        and body.moderator is None
+        and not limits.sets_limits(body)
+    ):
         raise HordeError(Rc.NoValidActions, "No user modification selected.")
     now = horde.clock.now()
     async with horde.transaction() as session:
@@ -205,8 +210,14 @@ async def modify_user(horde: Horde, caller: Caller, user_id: str, body: UserUpda
             await kudos.record(session, user.id, round(body.kudos, 2), "admin", f"moderator:{actor.id}", now)
             await session.refresh(user, ["kudos"])
             new_kudos = round(user.kudos, 2)
-        changed = await limits.set_user_limits(session, user, body, actor.id, now) if limits.sets_limits(body) else None
+        changed = (
+            await limits.set_user_limits(session, user, body, actor.id, now)
+            if limits.sets_limits(body)
+            else None
+        )
         if changed is not None and changed.monthly_kudos is not None and body.kudos is not None:
             await session.refresh(user, ["kudos"])
             new_kudos = round(user.kudos, 2)
-        return UserModified(new_kudos=new_kudos, trusted=body.trusted, moderator=body.moderator, limits_changed=changed)
+        return UserModified(
+            new_kudos=new_kudos, trusted=body.trusted, moderator=body.moderator, limits_changed=changed
+        )

@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from typing import TypeVar
 
+import msgspec
 from litestar import delete, get, patch, put, route
 from litestar.params import FromPath, FromQuery, JSONBody
-import msgspec
 from msgspec import UNSET, UnsetType
 
 from horde_lite.accounts import limits, profiles, sharedkeys
 from horde_lite.api.deps import CallerDep, HordeDep
-from horde_lite.settings import Settings
 from horde_lite.api.horde.schemas import (
     ContributionsDetails,
     ModifyUser,
@@ -28,6 +27,7 @@ from horde_lite.api.horde.schemas import (
     UserThingRecords,
     UserUpdate,
 )
+from horde_lite.settings import Settings
 
 T = TypeVar("T")
 
