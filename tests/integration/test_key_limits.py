@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+from horde_sdk.ai_horde_api.apimodels import UserDetailsResponse
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
@@ -263,6 +264,9 @@ async def test_a_users_monthly_kudos_upstreams_way_and_once_per_month(client: Ho
     assert await client.balance("monthly") == 110  # given at once, as upstream
     mine = (await client.http.get("/api/v2/find_user", headers={"apikey": user})).json()
     assert mine["monthly_kudos"] == {"amount": 100, "last_received": "2031-01-31T23:00:00Z"}
+    sdk = UserDetailsResponse.model_validate(mine).monthly_kudos
+    assert sdk is not None
+    assert sdk.amount == 100
     assert (await client.create(user, params=SHORT)).status_code == 202
     assert await client.balance("monthly") == 110  # not twice in January
     client.clock.advance(3600)
@@ -298,6 +302,8 @@ async def test_a_moderator_sets_a_users_limits_and_they_hold(client: HordeClient
     assert shown == (
         5, ["m-12B"], 2, 1000
     )  # fmt: skip
+    parsed = UserDetailsResponse.model_validate(mine)  # the horde-sdk's own model
+    assert parsed.concurrency == 5
     public = (await client.http.get(f"/api/v2/users/{uid}")).json()
     assert "concurrency" not in public
     assert "requests_per_minute" not in public
