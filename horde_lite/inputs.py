@@ -200,11 +200,32 @@ KeyKudos = Annotated[float, msgspec.Meta(ge=-1, le=1e12)]
 KeyExpiry = Annotated[int, msgspec.Meta(ge=-1, le=36_500)]
 
 
+# A key's or user's scope and limits (accounts/limits.py): model names as workers declare them (no
+# surrounding spaces, no control characters), at most as many as a request may name; -1: no limit.
+ALLOWED_MODEL_NAME = r"^[^\x00-\x20\x7f](?:[^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
+AllowedModels = Annotated[
+    list[Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=ALLOWED_MODEL_NAME)]],
+    msgspec.Meta(max_length=50),
+]
+Concurrency = Annotated[int, msgspec.Meta(ge=-1, le=500)]  # upstream's bound (0..500) and -1
+PerMinute = Annotated[int, msgspec.Meta(ge=-1, le=100_000)]
+PerDay = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]
+# 5000, upstream's default budget; the monthly amount when a key is made with one.
+KEY_DEFAULT_KUDOS = 5000
+
+
 class SharedKeyInput(_In):
-    kudos: KeyKudos = 5000
+    kudos: Annotated[KeyKudos, msgspec.Meta(extra_json_schema={"default": KEY_DEFAULT_KUDOS})] | (
+        msgspec.UnsetType
+    ) = msgspec.UNSET
     expiry: KeyExpiry = -1  # days; -1 never
     name: Annotated[str, msgspec.Meta(max_length=255)] = ""
     max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1
+    allowed_models: AllowedModels = msgspec.field(default_factory=list)  # [] any
+    concurrency: Concurrency = -1
+    requests_per_minute: PerMinute = -1
+    tokens_per_day: PerDay = -1
+    monthly_kudos: KeyKudos = -1  # the budget each UTC calendar month; -1 none
 
 
 class SharedKeyPatch(_In):
@@ -214,6 +235,11 @@ class SharedKeyPatch(_In):
     expiry: KeyExpiry | msgspec.UnsetType = msgspec.UNSET
     name: Annotated[str, msgspec.Meta(max_length=255)] | msgspec.UnsetType = msgspec.UNSET
     max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | msgspec.UnsetType = msgspec.UNSET
+    allowed_models: AllowedModels | msgspec.UnsetType = msgspec.UNSET
+    concurrency: Concurrency | msgspec.UnsetType = msgspec.UNSET
+    requests_per_minute: PerMinute | msgspec.UnsetType = msgspec.UNSET
+    tokens_per_day: PerDay | msgspec.UnsetType = msgspec.UNSET
+    monthly_kudos: KeyKudos | msgspec.UnsetType = msgspec.UNSET
 
 
 # --- users and kudos (PUT /users/{id}, POST /kudos/transfer)
@@ -270,6 +296,13 @@ class KudosAwardInput(_In):
 
     username: Username
     amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100
+    # Limits (accounts/limits.py). Upstream's: concurrency (0..500) and monthly_kudos (added to the
+    # monthly amount, and given at once when positive); horde_lite's: the others, -1 none.
+    concurrency: Annotated[int, msgspec.Meta(ge=0, le=500)] | None = None
+    monthly_kudos: Annotated[int, msgspec.Meta(ge=-(10**9), le=10**9)] | None = None
+    allowed_models: AllowedModels | None = None
+    requests_per_minute: PerMinute | None = None
+    tokens_per_day: PerDay | None = None
 
 
 class KudosTransferInput(_In):

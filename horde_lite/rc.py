@@ -67,6 +67,8 @@ class Rc(StrEnum):
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403
     NotModerator = "NotModerator", 403
+    # A model outside the shared key's or the user's allow-list (horde_lite's; accounts/limits.py).
+    ModelNotAllowed = "ModelNotAllowed", 403
     Forbidden = "Forbidden", 403
     # Registration (horde_lite's own: upstream registers through OAuth pages).
     RegistrationClosed = "RegistrationClosed", 403
@@ -90,6 +92,8 @@ class Rc(StrEnum):
     Locked = "Locked", 423
     TooManyPrompts = "TooManyPrompts", 429
     RateLimited = "RateLimited", 429
+    # The output tokens a key or user may reserve in a UTC day (horde_lite's; accounts/limits.py).
+    DailyTokenLimit = "DailyTokenLimit", 429
     ProgressTooFast = "ProgressTooFast", 429
     InternalServerError = "InternalServerError", 500
     # An HTTP error of Litestar's that no code above names: answered with that error's own status.

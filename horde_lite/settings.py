@@ -153,6 +153,27 @@ class SharedKeySettings(_Table):
             raise ValueError("[sharedkeys] limits must be >= 0 (0 turns a limit off)")
 
 
+class LimitSettings(_Table):
+    """The limits of a registered user a moderator has not set (accounts/limits.py); -1: none. The
+    anonymous user has only what a moderator sets on it: it is everyone without a key."""
+
+    requests_per_minute: int = -1
+    tokens_per_day: int = -1
+    # The models its requests may name; [] any.
+    allowed_models: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from horde_lite.accounts.limits import MAX_RATE, check_model_list  # it reads no settings
+
+        if not -1 <= self.requests_per_minute <= MAX_RATE or not -1 <= self.tokens_per_day <= 2**31 - 1:
+            raise ValueError(
+                f"[limits] requests_per_minute (-1..{MAX_RATE}) and tokens_per_day must be >= -1"
+            )
+        problem = check_model_list(self.allowed_models)
+        if problem:
+            raise ValueError(f"[limits] allowed_models: {problem}")
+
+
 class RequestSettings(_Table):
     expiry_seconds: float = 1200
     max_length_limit: int = 16384
@@ -291,6 +312,7 @@ class Settings(_Table):
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     request: RequestSettings = msgspec.field(default_factory=RequestSettings)
     sharedkeys: SharedKeySettings = msgspec.field(default_factory=SharedKeySettings)
+    limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     allowance: AllowanceSettings = msgspec.field(default_factory=AllowanceSettings)
     kudos: KudosSettings = msgspec.field(default_factory=KudosSettings)

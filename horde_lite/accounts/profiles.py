@@ -18,7 +18,7 @@ import msgspec
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos
+from horde_lite.accounts import kudos, limits
 from horde_lite.accounts.users import (
     ANONYMOUS_NAME,
     ANONYMOUS_PUBLIC_ID,
@@ -89,6 +89,7 @@ class UserModified:
     admin_comment: str | None = None
     public_workers: bool | None = None
     worker_invited: int | None = None
+    limits_changed: limits.UserLimitsChanged | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +134,14 @@ REFUSED_FIELDS: dict[str, str] = {
     )},
 }  # fmt: skip
 # The fields only a moderator may change; the others (username, contact, public_workers) the user too.
-_MODERATOR_FIELDS = ("kudos", "trusted", "moderator", "worker_invited", "admin_comment")
+_MODERATOR_FIELDS = (
+    "kudos",
+    "trusted",
+    "moderator",
+    "worker_invited",
+    "admin_comment",
+    *limits.USER_LIMIT_FIELDS,
+)
 _OWN_FIELDS = ("username", "contact", "public_workers")
 
 
@@ -324,10 +332,11 @@ async def modify_user(horde: Horde, who: Actor, user_id: str, body: UserUpdate) 
                     Rc.NotModerator, f"Only a moderator can change {', '.join(theirs)} of this user.",
                     param=theirs[0],
                 )  # fmt: skip
-        if user.anonymous and changes != ["kudos"]:
+        anonymous_may = ("kudos", *limits.USER_LIMIT_FIELDS)
+        if user.anonymous and any(f not in anonymous_may for f in changes):
             raise HordeError(
-                Rc.BadRequest, "Of the anonymous user, only the kudos balance can be changed.",
-                param=next(f for f in changes if f != "kudos"),
+                Rc.BadRequest, "Of the anonymous user, only the kudos balance and the limits can be changed.",
+                param=next(f for f in changes if f not in anonymous_may),
             )  # fmt: skip
         # The lock order (docs/explanation/locking.md): the user's workers (their copy of the
         # trusted flag), then the user's row, then its ledger event.
@@ -351,12 +360,19 @@ async def modify_user(horde: Horde, who: Actor, user_id: str, body: UserUpdate) 
         new_kudos = None
         if body.kudos is not None:
             await kudos.record(session, user.id, round(body.kudos, 2), "admin", f"moderator:{actor.id}", now)
+        changed = (
+            await limits.set_user_limits(session, user, body, actor.id, now)
+            if limits.sets_limits(body)
+            else None
+        )
+        if new_kudos is not None and changed is not None and changed.monthly_kudos is not None:
             await session.refresh(user, ["kudos"])
             new_kudos = round(user.kudos, 2)
         return UserModified(
             new_kudos=new_kudos, trusted=body.trusted, moderator=body.moderator,
             username=display_name(user) if name is not None else None, contact=contact,
             admin_comment=comment, public_workers=body.public_workers, worker_invited=body.worker_invited,
+            limits_changed=changed,
         )  # fmt: skip
 
 

@@ -57,6 +57,15 @@ class User(Base):
     admin_comment: Mapped[str] = mapped_column(String(500), default="", server_default="")
     public_workers: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     worker_invited: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Limits a moderator set (accounts/limits.py). None: the horde's default (`[limits]`, and
+    # `[request] max_waiting_per_user` for concurrency); -1: none.
+    allowed_models: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
+    concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_day: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Upstream's recurring kudos: added once per UTC calendar month, when it was last added.
+    monthly_kudos: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    monthly_kudos_last_received: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SharedKey(Base):
@@ -71,6 +80,33 @@ class SharedKey(Base):
     expiry: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_text_tokens: Mapped[int] = mapped_column(Integer, default=-1)  # -1 = no cap
     created_at: Mapped[float] = mapped_column(Float)
+    # The key's scope and limits (accounts/limits.py): [] any model; -1 no limit.
+    allowed_models: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
+    concurrency: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    requests_per_minute: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    tokens_per_day: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    # The budget `kudos` is reset to this (and `utilized` to 0) once per UTC calendar month; -1 never.
+    monthly_kudos: Mapped[float] = mapped_column(Float, default=-1.0, server_default="-1")
+    refilled_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class LimitAdmission(Base):
+    """A request admitted while a requests-per-minute or tokens-per-day limit applied to its user
+    or shared key: what the limits count. `tokens` is the output reserved at admission, lowered to
+    what its jobs generated when the request ends. Kept past the request (no foreign key to it)
+    until the day is over."""
+
+    __tablename__ = "limit_admissions"
+    __table_args__ = (
+        Index("ix_limit_admissions_user", "user_id", "created_at"),
+        Index("ix_limit_admissions_key", "shared_key_hash", "created_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    shared_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    tokens: Mapped[int] = mapped_column(Integer)
 
 
 class InviteCode(Base):

@@ -313,6 +313,13 @@ class UserRecords(msgspec.Struct, kw_only=True):
     fulfillment: UserAmountRecords
 
 
+class MonthlyKudos(msgspec.Struct, kw_only=True):
+    """Upstream's MonthlyKudos: what the user receives each UTC calendar month."""
+
+    amount: int
+    last_received: str | None  # ISO 8601, UTC; null never
+
+
 class UserDetails(msgspec.Struct, kw_only=True):
     username: str  # "name#id"; the anonymous user is "Anonymous#0"
     id: int
@@ -329,6 +336,15 @@ class UserDetails(msgspec.Struct, kw_only=True):
     worker_invited: int = 0  # workers the user may hold beyond the default limit (0: the default)
     contact: str | UnsetType = UNSET  # the user's own key or a moderator
     admin_comment: str | UnsetType = UNSET  # moderators only
+    worker_ids: list[str] | UnsetType = UNSET  # the user's own key, or a moderator
+    sharedkey_ids: list[str] | UnsetType = UNSET  # the same; each key's hash, not the key
+    # The user's limits in force (docs/reference/keys.md), to the user and moderators: upstream's
+    # concurrency and monthly_kudos, horde_lite's others (-1 none; [] any model).
+    concurrency: int | UnsetType = UNSET
+    monthly_kudos: MonthlyKudos | UnsetType = UNSET
+    allowed_models: list[str] | UnsetType = UNSET
+    requests_per_minute: int | UnsetType = UNSET
+    tokens_per_day: int | UnsetType = UNSET
 
 
 class ModifyUser(msgspec.Struct, kw_only=True):
@@ -360,6 +376,11 @@ class DeletedUserAnswer(msgspec.Struct, kw_only=True):
     kudos: float  # the balance the deleted row keeps
     workers_deleted: int
     sharedkeys_removed: int
+    concurrency: int | UnsetType = UNSET
+    monthly_kudos: int | UnsetType = UNSET  # the new monthly amount
+    allowed_models: list[str] | UnsetType = UNSET
+    requests_per_minute: int | UnsetType = UNSET
+    tokens_per_day: int | UnsetType = UNSET
 
 
 class KudosTransferred(msgspec.Struct, kw_only=True):
@@ -378,6 +399,11 @@ class SharedKeyDetails(msgspec.Struct, kw_only=True):
     utilized: float
     expiry: float | None  # epoch seconds; null never
     max_text_tokens: int  # -1 no cap
+    allowed_models: list[str]  # [] any model
+    concurrency: int  # requests waiting or running at once; -1 no limit
+    requests_per_minute: int  # -1 no limit
+    tokens_per_day: int  # output tokens reserved per UTC day; -1 no limit
+    monthly_kudos: float  # `kudos` is reset to this each UTC calendar month; -1 never
 
 
 class SimpleResponse(msgspec.Struct, kw_only=True):

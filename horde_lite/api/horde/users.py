@@ -2,19 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from typing import TypeVar
 
+import msgspec
 from litestar import delete, get, patch, post, put, route
 from litestar.params import FromPath, FromQuery, JSONBody
 from msgspec import UNSET, UnsetType
 
-from horde_lite.accounts import profiles, sharedkeys
+from horde_lite.accounts import limits, profiles, sharedkeys
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import (
     ContributionsDetails,
     CreatedUser,
     DeletedUserAnswer,
     ModifyUser,
+    MonthlyKudos,
     SharedKeyDetails,
     SharedKeyInput,
     SharedKeyPatch,
@@ -27,6 +30,7 @@ from horde_lite.api.horde.schemas import (
     UserThingRecords,
     UserUpdate,
 )
+from horde_lite.settings import Settings
 
 T = TypeVar("T")
 
@@ -56,10 +60,29 @@ def user_details(found: profiles.UserRecord) -> UserDetails:
     )  # fmt: skip
 
 
+def with_limits(details: UserDetails, found: profiles.UserRecord, settings: Settings) -> UserDetails:
+    """The user's limits in force, shown to the user itself and to moderators."""
+    if not found.privileged:
+        return details
+    user = found.user
+    received = user.monthly_kudos_last_received
+    when = None if received is None else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(received))
+    own = limits.user_limits(user, settings)
+    return msgspec.structs.replace(
+        details,
+        concurrency=limits.user_concurrency(user, settings),
+        monthly_kudos=MonthlyKudos(amount=user.monthly_kudos, last_received=when),
+        allowed_models=limits.user_allowed_models(user, settings),
+        requests_per_minute=own.requests_per_minute,
+        tokens_per_day=own.tokens_per_day,
+    )
+
+
 @get("/find_user")
 async def find_user(horde: HordeDep, caller: CallerDep) -> UserDetails:
     """The caller's own record (no key: the anonymous user, `Anonymous#0`)."""
-    return user_details(await profiles.find_user(horde, caller))
+    found = await profiles.find_user(horde, caller)
+    return with_limits(user_details(found), found, horde.settings)
 
 
 @get("/users")
@@ -72,7 +95,8 @@ async def list_users(
 
 @get("/users/{user_id:str}")
 async def show_user(horde: HordeDep, caller: CallerDep, user_id: FromPath[str]) -> UserDetails:
-    return user_details(await profiles.user_by_id(horde, caller, user_id))
+    found = await profiles.user_by_id(horde, caller, user_id)
+    return with_limits(user_details(found), found, horde.settings)
 
 
 @post("/users", status_code=200)
@@ -87,6 +111,7 @@ async def change_user(
     data: JSONBody[UserUpdate], horde: HordeDep, caller: CallerDep, user_id: FromPath[str]
 ) -> ModifyUser:
     found = await profiles.modify_user(horde, caller, user_id, data)
+    changed = found.limits_changed or limits.UserLimitsChanged()
     return ModifyUser(
         new_kudos=unset_none(found.new_kudos),
         trusted=unset_none(found.trusted),
@@ -96,6 +121,11 @@ async def change_user(
         admin_comment=unset_none(found.admin_comment),
         public_workers=unset_none(found.public_workers),
         worker_invited=unset_none(found.worker_invited),
+        concurrency=unset_none(changed.concurrency),
+        monthly_kudos=unset_none(changed.monthly_kudos),
+        allowed_models=unset_none(changed.allowed_models),
+        requests_per_minute=unset_none(changed.requests_per_minute),
+        tokens_per_day=unset_none(changed.tokens_per_day),
     )
 
 
@@ -113,7 +143,9 @@ def shared_key_details(found: sharedkeys.SharedKeyRecord) -> SharedKeyDetails:
     k = found.key
     return SharedKeyDetails(
         id=found.id, username=found.owner, name=k.name, kudos=k.kudos, utilized=round(k.utilized, 2),
-        expiry=k.expiry, max_text_tokens=k.max_text_tokens,
+        expiry=k.expiry, max_text_tokens=k.max_text_tokens, allowed_models=list(k.allowed_models),
+        concurrency=k.concurrency, requests_per_minute=k.requests_per_minute, tokens_per_day=k.tokens_per_day,
+        monthly_kudos=k.monthly_kudos,
     )  # fmt: skip
 
 

@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0023_user_fields"
-down_revision = "0020_queue_kept_by_triggers"
+down_revision = "0022_invite_codes"
 branch_labels = None
 depends_on = None
 
