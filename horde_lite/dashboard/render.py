@@ -190,6 +190,18 @@ async def candidates(horde: Horde) -> dict[str, Any]:
     }
 
 
+async def usage(horde: Horde) -> dict[str, Any]:
+    view = await data.usage_history(horde)
+    labels = [d[5:] for d in view.days]  # MM-DD
+    tokens = bar_chart(labels, [Stack("output tokens", "#1e88e5", view.tokens)],
+                       title="Output tokens per day", x_label="day (UTC)", y_label="tokens",
+                       empty="no usage in the last 30 days")  # fmt: skip
+    requests = bar_chart(labels, [Stack("requests served", "#43a047", view.requests)],
+                         title="Requests served per day", x_label="day (UTC)", y_label="requests",
+                         empty="no usage in the last 30 days")  # fmt: skip
+    return {"view": view, "tokens_chart": tokens, "requests_chart": requests}
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
@@ -211,5 +223,6 @@ PANELS: dict[str, Panel] = {
         Panel("allowance", "Allowance decisions", allowance),
         Panel("policies", "Policies", policies),
         Panel("candidates", "Candidate comparison (last 7 days)", candidates, wide=True),
+        Panel("usage", "Usage (last 30 days)", usage, wide=True),
     )
 }
