@@ -333,7 +333,9 @@ USAGE_COLUMNS = ("requests", "jobs", "tokens", "kudos_spent", "kudos_earned")
 @click.command("usage", help="The usage history (docs/reference/usage.md): requests, jobs, output tokens and "
                "kudos spent and earned, grouped by user (the requester), model, worker or day, between "
                "--since and --until (UTC; counted by whole clock hours), as a table or CSV.")  # fmt: skip
-@click.option("--since", required=True, type=When(), help="From this date: YYYY-MM-DD, YYYY-MM-DDTHH:MM or Nd.")
+@click.option(
+    "--since", required=True, type=When(), help="From this date: YYYY-MM-DD, YYYY-MM-DDTHH:MM or Nd."
+)
 @click.option("--until", type=When(end_of_day=True), default=None,
               help="Up to this date (a bare date: to the end of that day). Default: now.")  # fmt: skip
 @click.option("--by", "by", type=click.Choice(["user", "model", "worker", "day"]), default="user",
@@ -349,8 +351,7 @@ def usage(since: float, until: float | None, by: str, as_csv: bool) -> None:
         return await history.report(session, history.By(by), history.hour_of(since), until)
 
     rows = _with_session(work)
-    lines = [(r.key if r.key or by != "model" else "(none)", *(_figure(getattr(r.totals, c)) for c in USAGE_COLUMNS))
-             for r in rows]  # fmt: skip
+    lines = [(r.key or "(none)", *(_figure(getattr(r.totals, c)) for c in USAGE_COLUMNS)) for r in rows]
     if as_csv:
         import csv
         import io
@@ -373,8 +374,9 @@ def _aligned(lines: Sequence[Sequence[str]]) -> str:
     """A plain table, the first column left-aligned and the figures right-aligned."""
     widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
     return "\n".join(
-        "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True)))
-        .rstrip()
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
         for line in lines
     )
 

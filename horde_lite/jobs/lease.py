@@ -17,8 +17,8 @@ from horde_lite.core.errors import HordeError
 from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
 from horde_lite.jobs.settlement import give_back, processing_count, shadow_outcome
-from horde_lite.rc import Rc
 from horde_lite.operators import usage
+from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.lease")
 

@@ -218,7 +218,12 @@ def day_label(hour: int) -> str:
 
 
 async def report(
-    session: AsyncSession, by: By, since: float | None, until: float | None = None, *, limit: int | None = None
+    session: AsyncSession,
+    by: By,
+    since: float | None,
+    until: float | None = None,
+    *,
+    limit: int | None = None,
 ) -> list[ReportRow]:
     """The history between `since` and `until` (hours that began in [since, until)) grouped `by`:
     days in order, the others by tokens (most first), at most `limit` rows."""
@@ -226,7 +231,10 @@ async def report(
     if by is By.day:
         days: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0, 0.0, 0.0])
         rows = await session.execute(
-            select(UsageRecord.hour, *_TOTALS).where(*window).group_by(UsageRecord.hour).order_by(UsageRecord.hour)
+            select(UsageRecord.hour, *_TOTALS)
+            .where(*window)
+            .group_by(UsageRecord.hour)
+            .order_by(UsageRecord.hour)
         )
         for hour, *sums in rows:
             day = days[day_label(hour)]

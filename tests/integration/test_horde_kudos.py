@@ -81,11 +81,19 @@ async def _reconcile(session: AsyncSession) -> None:
     assert abs(events - (grants - len(pairs))) < EPS
     assert abs(users_total - (grants - len(pairs))) < EPS
     # 5. The usage history is the ledger's, per user, as requester and as worker owner.
-    for column, kind, sign, who in (("kudos_spent", "charge", -1, "user_id"), ("kudos_earned", "reward", 1, "owner_id")):
+    for column, kind, sign, who in (
+        ("kudos_spent", "charge", -1, "user_id"),
+        ("kudos_earned", "reward", 1, "owner_id"),
+    ):
         history = dict(await q(f"SELECT {who}, sum({column}) FROM usage_records GROUP BY {who}"))
-        ledger = dict(await q(f"SELECT user_id, sum(amount) FROM kudos_events WHERE kind = '{kind}' GROUP BY user_id"))
+        ledger = dict(
+            await q(f"SELECT user_id, sum(amount) FROM kudos_events WHERE kind = '{kind}' GROUP BY user_id")
+        )
         for user_id in set(history) | set(ledger):
-            assert abs(history.get(user_id, 0.0) - sign * ledger.get(user_id, 0.0)) < EPS * 100, (column, user_id)
+            assert abs(history.get(user_id, 0.0) - sign * ledger.get(user_id, 0.0)) < EPS * 100, (
+                column,
+                user_id,
+            )
     # 3. Holds.
     requests = {
         rid: (state, processing)

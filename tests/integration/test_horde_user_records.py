@@ -278,9 +278,11 @@ async def test_records_come_from_the_usage_history_and_outlive_requests(client: 
     for path in (f"/api/v2/users/{alice_id}", "/api/v2/find_user"):
         answer = await client.http.get(path, headers={"apikey": alice})
         parsed = UserDetailsResponse.model_validate(answer.json())
-        assert parsed.records is not None and parsed.records.usage is not None
+        assert parsed.records is not None
+        assert parsed.records.usage is not None
         assert parsed.records.usage.tokens == 15
-        assert parsed.records.request is not None and parsed.records.request.text == 1
+        assert parsed.records.request is not None
+        assert parsed.records.request.text == 1
         assert answer.json()["records"]["fulfillment"]["text"] == 0
     shown = (await client.http.get(f"/api/v2/users/{owner_id}")).json()  # public: records are public
     assert shown["records"]["contribution"]["tokens"] == 15

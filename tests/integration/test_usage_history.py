@@ -79,7 +79,8 @@ async def test_a_settlement_writes_its_hour_and_the_row_outlives_the_request(cli
     assert row[:9] == (hour, alice_id, worker_id, MODEL, "", owner_id, 1, 2, 30)
     assert abs(row[9] + await _ledger(client, alice_id, "charge")) < 1e-6
     assert abs(row[10] - await _ledger(client, owner_id, "reward")) < 1e-6
-    assert abs(row[10] - rewards) < 1e-6 and abs(row[9] - (rewards + 2)) < 1e-6
+    assert abs(row[10] - rewards) < 1e-6
+    assert abs(row[9] - (rewards + 2)) < 1e-6
 
     # The request expires and is removed with its jobs; the history stays as it was.
     client.clock.advance(1300)
@@ -101,7 +102,7 @@ async def test_what_is_not_settled_is_not_usage(client: HordeClient) -> None:
     third = await client.user("third")
     alice = await client.user("alice", kudos=1000)
     moderator = await client.user("mod", moderator=True)
-    created = await client.create(alice, models=[MODEL], params={"max_length": 64})
+    await client.create(alice, models=[MODEL], params={"max_length": 64})
     first = (await client.pop(owner, "w1", models=[MODEL], max_length=512)).json()
     assert (await client.submit(owner, first["id"], "bad", state="faulted")).status_code == 200
     retry = (await client.pop(other, "w2", models=[MODEL], max_length=512)).json()
@@ -111,7 +112,9 @@ async def test_what_is_not_settled_is_not_usage(client: HordeClient) -> None:
     cancelled = await client.create(alice, models=[MODEL], params={"max_length": 64})
     assert (await client.cancel(cancelled.json()["id"])).status_code == 200
     [w1] = [r[0] for r in await _rows(client, "SELECT id FROM workers WHERE name = 'w1'")]
-    paused = await client.http.put(f"/api/v2/workers/{w1}", json={"paused": True}, headers={"apikey": moderator})
+    paused = await client.http.put(
+        f"/api/v2/workers/{w1}", json={"paused": True}, headers={"apikey": moderator}
+    )
     assert paused.status_code == 200, paused.text
     await client.create(alice, models=[MODEL], params={"max_length": 64})
     fake = (await client.pop(owner, "w1", models=[MODEL], max_length=512)).json()
@@ -143,7 +146,8 @@ async def test_rows_part_by_requester_worker_model_shared_key_and_hour(client: H
     rows = await _usage(client)
     assert len(rows) == 5, rows
     keyed = [r for r in rows if r[4] != ""]
-    assert len(keyed) == 1 and keyed[0][1] == await _user_id(client, "alice")
+    assert len(keyed) == 1
+    assert keyed[0][1] == await _user_id(client, "alice")
     assert keyed[0][4] != shared  # the key's hash, never the key
     assert sorted({r[0] for r in rows}) == sorted({rows[0][0], rows[0][0] + usage.HOUR})
     anonymous = await _rows(client, "SELECT id FROM users WHERE anonymous")
@@ -155,8 +159,8 @@ async def test_rows_part_by_requester_worker_model_shared_key_and_hour(client: H
         recent = await usage.worker_totals(session, [workers["w1"]], since=client.clock.now() - 600)
         assert await usage.worker_totals(session, []) == {}
     assert set(everything) == {workers["w1"], workers["w2"]}
-    assert (everything["w1"].jobs, everything["w1"].tokens) == (4, 40)
-    assert (everything["w2"].jobs, everything["w2"].tokens) == (1, 10)
+    assert (everything[workers["w1"]].jobs, everything[workers["w1"]].tokens) == (4, 40)
+    assert (everything[workers["w2"]].jobs, everything[workers["w2"]].tokens) == (1, 10)
     owner_id = await _user_id(client, "owner")
     earned = sum(t.kudos_earned for t in everything.values())
     assert abs(earned - await _ledger(client, owner_id, "reward")) < 0.01

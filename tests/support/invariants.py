@@ -147,7 +147,9 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
                 )
             )
         ).all()  # fmt: skip
-        workers = (await conn.execute(select(Worker.id, Worker.completed_jobs, Worker.tokens_generated))).all()
+        workers = (
+            await conn.execute(select(Worker.id, Worker.completed_jobs, Worker.tokens_generated))
+        ).all()
         await conn.rollback()
 
     found: dict[str, list[str]] = defaultdict(list)
@@ -364,20 +366,28 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             ledger_earned[e.user_id] += e.amount
     for u in users:
         jobs_of = ledger_jobs.get(u.id, 0)
-        if not _close(history_spent.get(u.id, 0.0), ledger_spent.get(u.id, 0.0), TOLERANCE * (1 + jobs_of)):
-            bad("usage history == ledger", f"user {u.username}: history spent {history_spent.get(u.id, 0.0)!r}, "
-                f"charged {ledger_spent.get(u.id, 0.0)!r}")  # fmt: skip
-        if not _close(history_earned.get(u.id, 0.0), ledger_earned.get(u.id, 0.0), TOLERANCE * (1 + jobs_of)):
-            bad("usage history == ledger", f"user {u.username}: history earned {history_earned.get(u.id, 0.0)!r}, "
-                f"rewarded {ledger_earned.get(u.id, 0.0)!r}")  # fmt: skip
-        requests_served, jobs_asked = asked.get(u.id, [0, 0])
-        if jobs_asked != jobs_of or requests_served > jobs_asked or (jobs_asked > 0) != (requests_served > 0):
-            bad("usage history == ledger", f"user {u.username}: {requests_served} requests and {jobs_asked} "
-                f"jobs in the history, {jobs_of} charges")  # fmt: skip
+        slack = TOLERANCE * (1 + jobs_of)
+        spent_here, charged = history_spent.get(u.id, 0.0), ledger_spent.get(u.id, 0.0)
+        if not _close(spent_here, charged, slack):
+            bad(
+                "usage history == ledger",
+                f"user {u.username}: history spent {spent_here!r}, charged {charged!r}",
+            )
+        earned_here, rewarded = history_earned.get(u.id, 0.0), ledger_earned.get(u.id, 0.0)
+        if not _close(earned_here, rewarded, slack):
+            bad(
+                "usage history == ledger",
+                f"user {u.username}: history earned {earned_here!r}, rewarded {rewarded!r}",
+            )
+        served, jobs_asked = asked.get(u.id, [0, 0])
+        if jobs_asked != jobs_of or served > jobs_asked or (jobs_asked > 0) != (served > 0):
+            counts = f"{served} requests and {jobs_asked} jobs in the history, {jobs_of} charges"
+            bad("usage history == ledger", f"user {u.username}: {counts}")
     for w in workers:
-        if tuple(history_jobs.get(w.id, [0, 0])) != (w.completed_jobs, w.tokens_generated):
-            bad("usage history == ledger", f"worker {w.id}: history (jobs, tokens) "
-                f"{tuple(history_jobs.get(w.id, [0, 0]))}, counters {(w.completed_jobs, w.tokens_generated)}")  # fmt: skip
+        kept = tuple(history_jobs.get(w.id, [0, 0]))
+        if kept != (w.completed_jobs, w.tokens_generated):
+            bad("usage history == ledger", f"worker {w.id}: history (jobs, tokens) {kept}, "
+                f"counters {(w.completed_jobs, w.tokens_generated)}")  # fmt: skip
 
     report = Report()
     for invariant, lines in found.items():

@@ -61,7 +61,9 @@ async def test_usage_by_user_model_worker_and_day(client: HordeClient, run: Any)
 
     by_model = _csv(await asyncio.to_thread(run, "--since", "1d", "--by", "model", "--csv"))
     assert [(r["model"], r["jobs"], r["tokens"]) for r in by_model] == [(MODEL, "3", "40")]
-    by_worker = _csv(await asyncio.to_thread(run, "--since", today, "--until", today, "--by", "worker", "--csv"))
+    by_worker = _csv(
+        await asyncio.to_thread(run, "--since", today, "--until", today, "--by", "worker", "--csv")
+    )
     assert [(r["worker"], r["tokens"]) for r in by_worker] == [("w-one", "30"), ("w-two", "10")]
     by_day = _csv(await asyncio.to_thread(run, "--since", "3d", "--by", "day", "--csv"))
     assert [(r["day"], r["requests"]) for r in by_day] == [(today, "3")]
@@ -70,10 +72,12 @@ async def test_usage_by_user_model_worker_and_day(client: HordeClient, run: Any)
     assert table.exit_code == 0, table.output
     lines = table.stdout.splitlines()
     assert lines[0].split() == ["USER", "REQUESTS", "JOBS", "TOKENS", "KUDOS", "SPENT", "KUDOS", "EARNED"]
-    assert lines[1].startswith("alice#") and lines[1].split()[1:4] == ["2", "2", "30"]
+    assert lines[1].startswith("alice#")
+    assert lines[1].split()[1:4] == ["2", "2", "30"]
     # A period with nothing in it says so.
     empty = await asyncio.to_thread(run, "--since", "2000-01-01", "--until", "2000-01-02")
-    assert empty.exit_code == 0 and "(no usage in that period)" in empty.stdout
+    assert empty.exit_code == 0
+    assert "(no usage in that period)" in empty.stdout
     assert _csv(await asyncio.to_thread(run, "--since", "2000-01-01", "--until", "2000-01-02", "--csv")) == []
 
 
