@@ -302,6 +302,15 @@ class AccountsSettings(_Table):
     registration: Literal["closed", "invite", "open"] = "closed"
 
 
+class UsageSettings(_Table):
+    # Days of usage history kept (operators/usage.py), trimmed by the periodic sweep; 0 = forever.
+    keep_days: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.keep_days <= 100_000:
+            raise ValueError("[usage] keep_days must be between 0 (forever) and 100000")
+
+
 class Settings(_Table):
     database: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
@@ -317,6 +326,7 @@ class Settings(_Table):
     allowance: AllowanceSettings = msgspec.field(default_factory=AllowanceSettings)
     kudos: KudosSettings = msgspec.field(default_factory=KudosSettings)
     policies: PoliciesSettings = msgspec.field(default_factory=PoliciesSettings)
+    usage: UsageSettings = msgspec.field(default_factory=UsageSettings)
 
 
 class SettingsError(Exception):

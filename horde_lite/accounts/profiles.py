@@ -41,6 +41,7 @@ from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import KudosEvent, SharedKey, User, Worker
 from horde_lite.inputs import KudosAwardInput, UserCreate, UserUpdate
+from horde_lite.operators.usage import UserUsage, user_usage
 from horde_lite.rc import Rc
 
 PAGE_SIZE = 25  # upstream's page of GET /users
@@ -70,6 +71,8 @@ class UserRecord:
     jobs_fulfilled: int
     # kudos_details: accumulated (earned minus spent on jobs), admin, received, gifted (a positive sum)
     kudos_details: dict[str, float] = field(default_factory=dict)
+    # upstream's `records`: from the usage history kept (operators/usage.py)
+    usage: UserUsage = field(default_factory=UserUsage)
     privileged: bool = False
     worker_ids: list[str] | None = None  # privileged, or the user made them public
     sharedkey_ids: list[str] | None = None  # privileged only: the keys' hashes (decisions)
@@ -154,7 +157,7 @@ async def _records(
     moderator: bool = False,
     suffix: str = "",
 ) -> list[UserRecord]:
-    """The records of `users`, with three grouped queries however many users there are."""
+    """The records of `users`, with five grouped queries however many users there are."""
     ids = [u.id for u in users]
     workers: dict[int, list[tuple[str, bool, int, int]]] = defaultdict(list)
     rows = await session.execute(
@@ -184,6 +187,7 @@ async def _records(
         )
         for user_id, key_hash in shared:
             keys[user_id].append(key_hash)
+    used = await user_usage(session, ids)
     records = []
     for user in users:
         mine = workers[user.id]
@@ -198,6 +202,7 @@ async def _records(
                 tokens_generated=sum(w[3] for w in mine),
                 jobs_fulfilled=sum(w[2] for w in mine),
                 kudos_details={k: round(v, 2) for k, v in details[user.id].items()},
+                usage=used.get(user.id, UserUsage()),
                 privileged=privileged,
                 worker_ids=live if privileged or user.public_workers else None,
                 sharedkey_ids=keys[user.id] if privileged else None,

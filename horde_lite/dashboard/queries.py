@@ -33,7 +33,7 @@ from horde_lite.db.models import (
     Worker,
 )
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
-from horde_lite.operators import policy_state
+from horde_lite.operators import policy_state, usage
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.policies.registry import CANDIDATES, PolicyError
@@ -579,6 +579,42 @@ async def allowance(horde: Horde) -> AllowanceView:
         bins=bins,
         bin_starts=bins.starts(now),
         by_outcome=_series(series, bins, ADMISSION_OUTCOMES),
+    )
+
+
+# --- usage (operators/usage.py) ---------------------------------------------------------------------
+
+USAGE_DAYS = 30
+USAGE_TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class UsageView:
+    days: list[str]  # the last USAGE_DAYS days (UTC), oldest first, today last
+    tokens: list[int]
+    requests: list[int]
+    top_users: list[usage.ReportRow]
+    top_models: list[usage.ReportRow]
+
+
+async def usage_history(horde: Horde) -> UsageView:
+    """Daily tokens and requests over the last 30 days (today so far included), and the users and
+    models that used the most tokens over them, from the usage history."""
+    now = horde.clock.now()
+    today = now - now % usage.DAY
+    since = today - (USAGE_DAYS - 1) * usage.DAY
+    async with horde.reading() as session:
+        daily = {r.key: r.totals for r in await usage.report(session, usage.By.day, since)}
+        users = await usage.report(session, usage.By.user, since, limit=USAGE_TOP)
+        models = await usage.report(session, usage.By.model, since, limit=USAGE_TOP)
+    days = [usage.day_label(int(since + i * usage.DAY)) for i in range(USAGE_DAYS)]
+    empty = usage.Totals()
+    return UsageView(
+        days=days,
+        tokens=[daily.get(d, empty).tokens for d in days],
+        requests=[daily.get(d, empty).requests for d in days],
+        top_users=users,
+        top_models=models,
     )
 
 

@@ -209,6 +209,18 @@ async def users(horde: Horde, search: str = "") -> dict[str, Any]:
     return {"view": await data.users(horde, search)}
 
 
+async def usage(horde: Horde) -> dict[str, Any]:
+    view = await data.usage_history(horde)
+    labels = [d[5:] for d in view.days]  # MM-DD
+    tokens = bar_chart(labels, [Stack("output tokens", "#1e88e5", view.tokens)],
+                       title="Output tokens per day", x_label="day (UTC)", y_label="tokens",
+                       empty="no usage in the last 30 days")  # fmt: skip
+    requests = bar_chart(labels, [Stack("requests served", "#43a047", view.requests)],
+                         title="Requests served per day", x_label="day (UTC)", y_label="requests",
+                         empty="no usage in the last 30 days")  # fmt: skip
+    return {"view": view, "tokens_chart": tokens, "requests_chart": requests}
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
@@ -237,5 +249,6 @@ PANELS: dict[str, Panel] = {
         Panel("candidates", "Candidate comparison (last 7 days)", candidates, wide=True),
         Panel("users", "Users", users, wide=True, searchable=True),
         Panel("invites", "Invite codes", invites, wide=True),
+        Panel("usage", "Usage (last 30 days)", usage, wide=True),
     )
 }

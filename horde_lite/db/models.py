@@ -439,6 +439,31 @@ class AssignmentRecord(Base):
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class UsageRecord(Base):
+    """Durable usage (operators/usage.py): what one requester got from one worker on one model in
+    one clock hour (UTC), through one shared key or none (""). Written with each settlement, kept
+    after the requests and jobs expire, trimmed only by `[usage] keep_days`."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (
+        Index("ix_usage_records_user", "user_id", "hour"),
+        Index("ix_usage_records_owner", "owner_id", "hour"),
+        Index("ix_usage_records_worker", "worker_id", "hour"),
+    )
+
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)  # epoch s
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)  # requester
+    worker_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    shared_key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # "": no shared key
+    owner_id: Mapped[int] = mapped_column(Integer)  # the worker's owner, who earned the rewards
+    requests: Mapped[int] = mapped_column(Integer, default=0)  # requests served first in this row
+    jobs: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    kudos_spent: Mapped[float] = mapped_column(Float, default=0.0)  # charged to the requester
+    kudos_earned: Mapped[float] = mapped_column(Float, default=0.0)  # rewarded to the owner
+
+
 class CandidateRecord(Base):
     """What the candidate policy would have decided differently at one pop or admission."""
 

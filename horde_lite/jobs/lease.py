@@ -17,6 +17,7 @@ from horde_lite.core.errors import HordeError
 from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
 from horde_lite.jobs.settlement import give_back, processing_count, shadow_outcome
+from horde_lite.operators import usage
 from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.lease")
@@ -189,4 +190,5 @@ async def sweep(horde: Horde) -> tuple[int, int]:
         lapsed = await lapse_expired(session, horde, now)
         expired = await expire_requests(session, horde, now)
         await change_log.prune(session)  # the notes every process has read by now
+        await usage.trim(session, now, horde.settings.usage.keep_days)
     return lapsed, expired

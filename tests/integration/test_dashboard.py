@@ -263,8 +263,10 @@ async def test_the_page_shows_every_panel_in_a_browser(
     for name, html in panels.items():
         assert "data-updated=" in html, f"{name}: not refreshed"
         assert '<tr class="data' in html or re.search(r'<svg[^>]*>.*class="mark', html, re.S), name
-    for name in ("queue", "shadow", "allowance", "candidates"):
+    for name in ("queue", "shadow", "allowance", "candidates", "usage"):
         assert re.search(r'<svg[^>]*>.*class="mark', panels[name], re.S), f"{name}: no chart with data"
+    assert "Output tokens per day" in panels["usage"]
+    assert re.search(r'<tr class="data"><td>client#\d+</td>', panels["usage"]), "usage: no top user"
     assert "dash-alpha" in panels["fleet"]
     assert "dash-beta" in panels["fleet"]
     assert "refused" in panels["allowance"]

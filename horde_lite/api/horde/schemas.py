@@ -309,8 +309,12 @@ class UserAmountRecords(msgspec.Struct, kw_only=True):
 
 
 class UserRecords(msgspec.Struct, kw_only=True):
-    contribution: UserThingRecords
-    fulfillment: UserAmountRecords
+    """Upstream's records, text only, from the usage history kept (docs/reference/usage.md)."""
+
+    usage: UserThingRecords  # tokens the user's requests were given
+    contribution: UserThingRecords  # tokens the user's workers generated
+    fulfillment: UserAmountRecords  # jobs the user's workers finished
+    request: UserAmountRecords  # requests of the user's that were served
 
 
 class MonthlyKudos(msgspec.Struct, kw_only=True):

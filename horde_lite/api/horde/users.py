@@ -51,8 +51,10 @@ def user_details(found: profiles.UserRecord) -> UserDetails:
         ),
         contributions=ContributionsDetails(fulfillments=found.jobs_fulfilled, tokens=found.tokens_generated),
         records=UserRecords(
-            contribution=UserThingRecords(tokens=found.tokens_generated),
-            fulfillment=UserAmountRecords(text=found.jobs_fulfilled),
+            usage=UserThingRecords(tokens=found.usage.usage_tokens),
+            contribution=UserThingRecords(tokens=found.usage.contributed_tokens),
+            fulfillment=UserAmountRecords(text=found.usage.fulfilled),
+            request=UserAmountRecords(text=found.usage.requests),
         ),
         worker_ids=unset_none(found.worker_ids), sharedkey_ids=unset_none(found.sharedkey_ids),
         worker_invited=found.user.worker_invited, contact=unset_none(found.contact),

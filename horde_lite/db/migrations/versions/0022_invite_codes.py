@@ -11,7 +11,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0022_invite_codes"
-down_revision = "0020_queue_kept_by_triggers"
+down_revision = "0021_usage_history"
 branch_labels = None
 depends_on = None
 
