@@ -279,6 +279,13 @@ class UserUpdate(_In, forbid_unknown_fields=True):
     service: Refused = msgspec.UNSET
     filtered: Refused = msgspec.UNSET
     generate_proxy_passkey: Refused = msgspec.UNSET
+    # Limits (accounts/limits.py). Upstream's: concurrency (0..500) and monthly_kudos (added to the
+    # monthly amount, and given at once when positive); horde_lite's: the others, -1 none.
+    concurrency: Annotated[int, msgspec.Meta(ge=0, le=500)] | None = None
+    monthly_kudos: Annotated[int, msgspec.Meta(ge=-(10**9), le=10**9)] | None = None
+    allowed_models: AllowedModels | None = None
+    requests_per_minute: PerMinute | None = None
+    tokens_per_day: PerDay | None = None
 
 
 class UserCreate(_In, forbid_unknown_fields=True):
@@ -296,13 +303,6 @@ class KudosAwardInput(_In):
 
     username: Username
     amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100
-    # Limits (accounts/limits.py). Upstream's: concurrency (0..500) and monthly_kudos (added to the
-    # monthly amount, and given at once when positive); horde_lite's: the others, -1 none.
-    concurrency: Annotated[int, msgspec.Meta(ge=0, le=500)] | None = None
-    monthly_kudos: Annotated[int, msgspec.Meta(ge=-(10**9), le=10**9)] | None = None
-    allowed_models: AllowedModels | None = None
-    requests_per_minute: PerMinute | None = None
-    tokens_per_day: PerDay | None = None
 
 
 class KudosTransferInput(_In):

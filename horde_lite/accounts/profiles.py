@@ -370,7 +370,7 @@ async def modify_user(horde: Horde, who: Actor, user_id: str, body: UserUpdate) 
             if limits.sets_limits(body)
             else None
         )
-        if new_kudos is not None and changed is not None and changed.monthly_kudos is not None:
+        if body.kudos is not None:  # after a monthly award too, which moves the balance
             await session.refresh(user, ["kudos"])
             new_kudos = round(user.kudos, 2)
         return UserModified(

@@ -86,5 +86,9 @@ async def test_open_operator_pages_open_every_guarded_route(db_url: str) -> None
         make_settings(db_url, http={"open_operator_pages": True}), ManualClock(), run_sweeper=False
     )
     async with AsyncTestClient(app=opened, timeout=30) as http:
-        for path in ("/operator/policies", "/dashboard", "/dashboard/panels/fleet", "/api/v2/invites"):
+        for path in ("/operator/policies", "/dashboard", "/dashboard/panels/fleet"):
             assert (await http.get(path)).status_code == 200, path
+        # Routes that change things stay shut: invite codes, the dashboard's actions.
+        assert (await http.get("/api/v2/invites")).status_code == 403
+        assert (await http.post("/api/v2/invites", json={})).status_code == 403
+        assert (await http.post("/dashboard/invites", data={"uses": "1", "days": "1"})).status_code == 401

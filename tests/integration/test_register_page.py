@@ -62,7 +62,7 @@ async def test_a_refused_form_says_why_and_keeps_the_name(db_url: str) -> None:
             ({"username": "bob"}, 403, "needs an invite code"),
             ({"username": "bob", "invite": "nope"}, 404, "No invite has that code"),
             ({"username": "a" * 101, "invite": "x"}, 400, "at most 100 characters"),
-            ({"username": "a\u0000b", "invite": "x"}, 400, "control or invisible"),
+            ({"username": "a\u0000b", "invite": "x"}, 400, "control, format or unassigned"),
         ):
             page = await client.http.post("/register", data=data)
             assert page.status_code == status, (data, page.text)

@@ -362,6 +362,11 @@ class ModifyUser(msgspec.Struct, kw_only=True):
     admin_comment: str | UnsetType = UNSET
     public_workers: bool | UnsetType = UNSET
     worker_invited: int | UnsetType = UNSET
+    concurrency: int | UnsetType = UNSET
+    monthly_kudos: int | UnsetType = UNSET  # the new monthly amount
+    allowed_models: list[str] | UnsetType = UNSET
+    requests_per_minute: int | UnsetType = UNSET
+    tokens_per_day: int | UnsetType = UNSET
 
 
 class CreatedUser(msgspec.Struct, kw_only=True):
@@ -380,11 +385,6 @@ class DeletedUserAnswer(msgspec.Struct, kw_only=True):
     kudos: float  # the balance the deleted row keeps
     workers_deleted: int
     sharedkeys_removed: int
-    concurrency: int | UnsetType = UNSET
-    monthly_kudos: int | UnsetType = UNSET  # the new monthly amount
-    allowed_models: list[str] | UnsetType = UNSET
-    requests_per_minute: int | UnsetType = UNSET
-    tokens_per_day: int | UnsetType = UNSET
 
 
 class KudosTransferred(msgspec.Struct, kw_only=True):
