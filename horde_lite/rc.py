@@ -33,6 +33,12 @@ class Rc(StrEnum):
     KudosTransferNotEnough = "KudosTransferNotEnough", 400
     InvalidTargetUsername = "InvalidTargetUsername", 400
     KudosLimit = "KudosLimit", 400
+    # Teams (upstream's codes; TooManyTeams is horde_lite's, as TooManyWorkers).
+    TeamNameAlreadyExists = "TeamNameAlreadyExists", 400
+    NoTeamModSelected = "NoTeamModSelected", 400
+    UntrustedTeamCreation = "UntrustedTeamCreation", 403
+    NotOwner = "NotOwner", 403
+    TooManyTeams = "TooManyTeams", 403
     TeamNotFound = "TeamNotFound", 404
     MissingPrompt = "MissingPrompt", 400
     TokenOverflow = "TokenOverflow", 400

@@ -66,6 +66,7 @@ AT_LEAST: dict[str, list[Schema]] = {
         for struct, fields in (
             ("WorkerUpdate", ("maintenance", "maintenance_msg", "paused", "info", "name", "team")),
             ("UserUpdate", ("kudos", "trusted", "moderator")),
+            ("ModifyTeamInput", ("name", "info")),
         )
     },
 }
