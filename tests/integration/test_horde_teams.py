@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
+import schemathesis
 from horde_sdk.ai_horde_api.apimodels import (
     AllWorkersDetailsResponse,
     ModifyWorkerResponse,
@@ -352,3 +353,25 @@ async def test_stats_are_the_team_workers_own(client: HordeClient) -> None:
     after = await _show(client, team_id)
     assert after["requests_fulfilled"] == records[0]["requests_fulfilled"] == 2
     assert after["contributions"] == records[0]["tokens_generated"]
+
+
+async def test_answers_validate_against_the_schema(client: HordeClient) -> None:
+    schema = schemathesis.openapi.from_dict((await client.http.get("/api/swagger.json")).json())
+    creator = await client.user("creator", trusted=True)
+    owner = await client.user("owner")
+
+    def valid(path: str, method: str, answer: Any) -> None:
+        schema[path][method].validate_response(answer)
+
+    created = await _create(client, creator, name="Owls", info="hoot")
+    valid("/api/v2/teams", "POST", created)
+    team_id = created.json()["id"]
+    worker_id = await _worker_id(client, owner, "Hoot")
+    valid("/api/v2/workers/{worker_id}", "PUT", await _join(client, owner, worker_id, team_id))
+    valid("/api/v2/workers/{worker_id}", "GET", await client.http.get(f"/api/v2/workers/{worker_id}"))
+    valid("/api/v2/teams", "GET", await client.http.get("/api/v2/teams"))
+    valid("/api/v2/teams/{team_id}", "GET", await client.http.get(f"/api/v2/teams/{team_id}"))
+    valid("/api/v2/teams/{team_id}", "PATCH", await _patch(client, creator, team_id, info=""))
+    valid("/api/v2/teams/{team_id}", "PATCH", await _patch(client, owner, team_id, name="Mine"))
+    valid("/api/v2/teams/{team_id}", "DELETE", await _delete(client, creator, team_id))
+    valid("/api/v2/teams/{team_id}", "GET", await client.http.get(f"/api/v2/teams/{team_id}"))
