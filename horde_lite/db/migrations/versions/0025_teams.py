@@ -50,9 +50,9 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_index(op.f("ix_workers_team_id"), table_name="workers")
     if op.get_bind().dialect.name == "sqlite":
-        # SQLite drops no column a foreign key names, and a batch copy would drop the triggers:
-        # the column stays, empty, and nothing reads it.
-        op.execute("UPDATE workers SET team_id = NULL")
+        # In place, with its inline foreign key (SQLite 3.35+): no batch copy, which would drop the
+        # change log's triggers.
+        op.execute("ALTER TABLE workers DROP COLUMN team_id")
     else:
         op.drop_constraint(op.f("fk_workers_team_id_teams"), "workers", type_="foreignkey")
         op.drop_column("workers", "team_id")
