@@ -171,13 +171,10 @@ def _summary_json(row: Any) -> dict[str, Any]:
 
 def _table(rows: Sequence[Any]) -> str:
     """A plain aligned table: no colour, no box, so it greps and pipes."""
-    from datetime import UTC, datetime
-
     head = ("USER", "KUDOS", "TRUSTED", "MODERATOR", "WORKERS", "CREATED")
     body = [
         (r.name, f"{r.kudos:,.2f}".rstrip("0").rstrip("."), "yes" if r.trusted else "no",
-         "yes" if r.moderator else "no", str(r.workers),
-         datetime.fromtimestamp(r.created_at, UTC).strftime("%Y-%m-%d %H:%M"))
+         "yes" if r.moderator else "no", str(r.workers), _utc(r.created_at))
         for r in rows
     ]  # fmt: skip
     widths = [max(len(line[i]) for line in [head, *body]) for i in range(len(head))]
@@ -285,6 +282,171 @@ def users_delete(name: str, yes: bool) -> None:
     gone = _with_session(work)
     click.echo(f"deleted {gone.name}: {gone.workers} worker(s) deleted, {gone.shared_keys} shared key(s) "
                f"removed; its {gone.kudos:g} kudos and its history stay")  # fmt: skip
+
+
+# --- invite codes -----------------------------------------------------------------------------------
+
+
+@click.group(help="Invite codes for registration in invite mode ([accounts] registration).")
+def invites() -> None:
+    pass
+
+
+@invites.command("create", help="Make an invite code and print it (shown once) on the last line.")
+@click.option(
+    "--uses",
+    type=click.IntRange(1, 10_000),
+    default=1,
+    show_default=True,
+    help="Registrations the code allows.",
+)
+@click.option("--days", type=click.IntRange(0, 36_500), default=7, show_default=True,
+              help="Days until it expires (0: never).")  # fmt: skip
+def invites_create(uses: int, days: int) -> None:
+    from horde_lite.accounts import invites as codes
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await codes.create_in(session, now, uses=uses, days=days, creator=None)
+
+    made = _with_session(work)
+    until = "never expires" if made.expires_at is None else f"expires {_utc(made.expires_at)} UTC"
+    click.echo(f"invite {made.id}: {made.uses} registration(s), {until}; the code (shown once):")
+    click.echo(made.code)
+
+
+def _utc(at: float) -> str:
+    from datetime import UTC, datetime
+
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M")
+
+
+@invites.command("list", help="Every invite code, newest first: id, its first characters, state, uses left.")
+@click.option("--json", "as_json", is_flag=True, help="One JSON array instead of the table.")
+def invites_list(as_json: bool) -> None:
+    import dataclasses
+
+    from horde_lite.accounts import invites as codes
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await codes.listing_in(session, now)
+
+    rows = _with_session(work)
+    if as_json:
+        click.echo(json.dumps([dataclasses.asdict(r) for r in rows], indent=2))
+        return
+    if not rows:
+        click.echo("(no invite codes)")
+    for r in rows:
+        until = "never" if r.expires_at is None else _utc(r.expires_at)
+        click.echo(f"{r.id:>6}  {r.hint}...  {r.state:<8}  {r.uses_left}/{r.uses} left  expires {until}  "
+                   f"by {r.created_by or 'CLI'}")  # fmt: skip
+
+
+@invites.command("revoke", help="Revoke an invite code, named by the code or by its id (from `list`).")
+@click.argument("code")
+def invites_revoke(code: str) -> None:
+    from horde_lite.accounts import invites as codes
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await codes.revoke_in(session, code, now)
+
+    gone = _with_session(work)
+    used = gone.uses - gone.uses_left
+    click.echo(f"invite {gone.id} ({gone.hint}...) is revoked; {used} registration(s) used it")
+
+
+# --- usage ------------------------------------------------------------------------------------------
+
+
+class When(click.ParamType):
+    """A moment in UTC: YYYY-MM-DD (midnight), YYYY-MM-DDTHH:MM[:SS], or Nd (N days before now)."""
+
+    name = "date"
+    MOST_DAYS = 100_000
+
+    def __init__(self, *, end_of_day: bool = False) -> None:
+        self.end_of_day = end_of_day  # a bare date as --until takes in that whole day
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        import re
+        import time
+        from datetime import UTC, datetime, timedelta
+
+        if isinstance(value, float):
+            return value
+        text = str(value).strip()
+        if re.fullmatch(r"[0-9]{1,6}d", text):
+            days = int(text[:-1])
+            if days > self.MOST_DAYS:
+                self.fail(f"{value!r} is more than {self.MOST_DAYS} days back", param, ctx)
+            return time.time() - days * 86400
+        try:
+            if not re.fullmatch(r"[0-9]{4}-[0-9]{2}-[0-9]{2}([T ][0-9]{2}:[0-9]{2}(:[0-9]{2})?)?", text):
+                raise ValueError(text)
+            moment = datetime.fromisoformat(text).replace(tzinfo=UTC)
+            if self.end_of_day and len(text) == 10:
+                moment += timedelta(days=1)
+        except (ValueError, OverflowError):
+            self.fail(
+                f"{value!r} is not a date: write YYYY-MM-DD, YYYY-MM-DDTHH:MM (UTC) or Nd (N days ago)",
+                param,
+                ctx,
+            )
+        return moment.timestamp()
+
+
+USAGE_COLUMNS = ("requests", "jobs", "tokens", "kudos_spent", "kudos_earned")
+
+
+@click.command("usage", help="The usage history (docs/reference/usage.md): requests, jobs, output tokens and "
+               "kudos spent and earned, grouped by user (the requester), model, worker or day, between "
+               "--since and --until (UTC; counted by whole clock hours), as a table or CSV.")  # fmt: skip
+@click.option(
+    "--since", required=True, type=When(), help="From this date: YYYY-MM-DD, YYYY-MM-DDTHH:MM or Nd."
+)
+@click.option("--until", type=When(end_of_day=True), default=None,
+              help="Up to this date (a bare date: to the end of that day). Default: now.")  # fmt: skip
+@click.option("--by", "by", type=click.Choice(["user", "model", "worker", "day"]), default="user",
+              show_default=True, help="What each row is.")  # fmt: skip
+@click.option("--csv", "as_csv", is_flag=True, help="CSV (a header line, then one line per row).")
+def usage(since: float, until: float | None, by: str, as_csv: bool) -> None:
+    from horde_lite.operators import usage as history
+
+    if until is not None and until <= since:
+        raise click.BadParameter("--until must be after --since", param_hint="'--until'")
+
+    async def work(session, settings, now):  # type: ignore[no-untyped-def]
+        return await history.report(session, history.By(by), history.hour_of(since), until)
+
+    rows = _with_session(work)
+    lines = [(r.key or "(none)", *(_figure(getattr(r.totals, c)) for c in USAGE_COLUMNS)) for r in rows]
+    if as_csv:
+        import csv
+        import io
+
+        out = io.StringIO()
+        writer = csv.writer(out, lineterminator="\n")
+        writer.writerow((by, *USAGE_COLUMNS))
+        writer.writerows(lines)
+        click.echo(out.getvalue(), nl=False)
+        return
+    head = (by.upper(), *(c.upper().replace("_", " ") for c in USAGE_COLUMNS))
+    click.echo(_aligned([head, *lines]) if lines else _aligned([head]) + "\n(no usage in that period)")
+
+
+def _figure(value: float) -> str:
+    return str(value) if isinstance(value, int) else f"{value:.2f}"
+
+
+def _aligned(lines: Sequence[Sequence[str]]) -> str:
+    """A plain table, the first column left-aligned and the figures right-aligned."""
+    widths = [max(len(line[i]) for line in lines) for i in range(len(lines[0]))]
+    return "\n".join(
+        "  ".join(
+            c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(line, widths, strict=True))
+        ).rstrip()
+        for line in lines
+    )
 
 
 # --- policies ---------------------------------------------------------------------------------------
@@ -493,7 +655,7 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
 # What `litestar --app horde_lite.app:create_app` gains through the plugin (register_commands), and
 # horde-lite's own commands besides run/routes/version.
 OPERATOR_COMMANDS: tuple[click.Command, ...] = (
-    users, worker_command, demo_command, policies, whatif, database, openapi
+    users, invites, usage, worker_command, demo_command, policies, whatif, database, openapi
 )  # fmt: skip
 
 
@@ -510,7 +672,17 @@ variables. Commands that open the database name it on stderr. Every command: doc
 
 # `--help` lists the commands in this order (a group of click's would sort them by name).
 PANELS = {
-    "Run and operate": ("run", "users", "worker", "demo", "policies", "whatif", "database"),
+    "Run and operate": (
+        "run",
+        "users",
+        "invites",
+        "usage",
+        "worker",
+        "demo",
+        "policies",
+        "whatif",
+        "database",
+    ),
     "Tools": ("openapi", "routes", "version"),
 }
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}

@@ -228,11 +228,32 @@ KeyKudos = Annotated[float, msgspec.Meta(ge=-1, le=1e12)]
 KeyExpiry = Annotated[int, msgspec.Meta(ge=-1, le=36_500)]
 
 
+# A key's or user's scope and limits (accounts/limits.py): model names as workers declare them (no
+# surrounding spaces, no control characters), at most as many as a request may name; -1: no limit.
+ALLOWED_MODEL_NAME = r"^[^\x00-\x20\x7f](?:[^\x00-\x1f\x7f]*[^\x00-\x20\x7f])?$"
+AllowedModels = Annotated[
+    list[Annotated[str, msgspec.Meta(min_length=1, max_length=255, pattern=ALLOWED_MODEL_NAME)]],
+    msgspec.Meta(max_length=50),
+]
+Concurrency = Annotated[int, msgspec.Meta(ge=-1, le=500)]  # upstream's bound (0..500) and -1
+PerMinute = Annotated[int, msgspec.Meta(ge=-1, le=100_000)]
+PerDay = Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)]
+# 5000, upstream's default budget; the monthly amount when a key is made with one.
+KEY_DEFAULT_KUDOS = 5000
+
+
 class SharedKeyInput(_In):
-    kudos: KeyKudos = 5000
+    kudos: Annotated[KeyKudos, msgspec.Meta(extra_json_schema={"default": KEY_DEFAULT_KUDOS})] | (
+        msgspec.UnsetType
+    ) = msgspec.UNSET
     expiry: KeyExpiry = -1  # days; -1 never
     name: Annotated[str, msgspec.Meta(max_length=255)] = ""
     max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] = -1
+    allowed_models: AllowedModels = msgspec.field(default_factory=list)  # [] any
+    concurrency: Concurrency = -1
+    requests_per_minute: PerMinute = -1
+    tokens_per_day: PerDay = -1
+    monthly_kudos: KeyKudos = -1  # the budget each UTC calendar month; -1 none
 
 
 class SharedKeyPatch(_In):
@@ -242,6 +263,11 @@ class SharedKeyPatch(_In):
     expiry: KeyExpiry | msgspec.UnsetType = msgspec.UNSET
     name: Annotated[str, msgspec.Meta(max_length=255)] | msgspec.UnsetType = msgspec.UNSET
     max_text_tokens: Annotated[int, msgspec.Meta(ge=-1, le=INT32_MAX)] | msgspec.UnsetType = msgspec.UNSET
+    allowed_models: AllowedModels | msgspec.UnsetType = msgspec.UNSET
+    concurrency: Concurrency | msgspec.UnsetType = msgspec.UNSET
+    requests_per_minute: PerMinute | msgspec.UnsetType = msgspec.UNSET
+    tokens_per_day: PerDay | msgspec.UnsetType = msgspec.UNSET
+    monthly_kudos: KeyKudos | msgspec.UnsetType = msgspec.UNSET
 
 
 # --- users and kudos (PUT /users/{id}, POST /kudos/transfer)
@@ -250,13 +276,61 @@ class SharedKeyPatch(_In):
 KudosAmount = Annotated[float, msgspec.Meta(ge=-1e9, le=1e9)]
 
 
+# What a moderator writes about a user (contact, admin_comment): empty clears it.
+UserNote = Annotated[str, msgspec.Meta(max_length=500)]
+# A field of upstream's ModifyUserInput that horde_lite refuses by name (accounts/profiles.py says
+# why): declared so that the refusal can give its reason, and described as accepting no value.
+Refused = Annotated[Any, msgspec.Meta(extra_json_schema={"not": {}})]
+
+
 class UserUpdate(_In, forbid_unknown_fields=True):
-    """PUT /users/{id} (upstream's ModifyUserInput), the fields horde_lite has; any other of
-    upstream's fields is refused by name rather than dropped."""
+    """PUT /users/{id} (upstream's ModifyUserInput): only the fields sent change. The fields typed
+    `Refused` are upstream's that horde_lite does not have; each is refused by name with its reason,
+    and any other field is refused as unknown, never dropped."""
 
     kudos: KudosAmount | None = None  # added to the balance (negative: taken), through the ledger
     trusted: bool | None = None
     moderator: bool | None = None
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
+    contact: UserNote | None = None
+    admin_comment: UserNote | None = None
+    public_workers: bool | None = None
+    worker_invited: Count | None = None
+    usage_multiplier: Refused = msgspec.UNSET
+    undelete: Refused = msgspec.UNSET
+    reset_suspicion: Refused = msgspec.UNSET
+    flagged: Refused = msgspec.UNSET
+    customizer: Refused = msgspec.UNSET
+    vpn: Refused = msgspec.UNSET
+    special: Refused = msgspec.UNSET
+    education: Refused = msgspec.UNSET
+    service: Refused = msgspec.UNSET
+    filtered: Refused = msgspec.UNSET
+    generate_proxy_passkey: Refused = msgspec.UNSET
+
+
+class UserCreate(_In, forbid_unknown_fields=True):
+    """POST /users: a new user, made by a moderator; its key is shown once in the answer."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    kudos: Annotated[float, msgspec.Meta(ge=0, le=1e9)] = 0.0  # granted through the ledger
+    trusted: bool = False
+    moderator: bool = False
+
+
+class KudosAwardInput(_In):
+    """POST /kudos/award (upstream's body and default amount): a moderator gives kudos. The amount
+    is not bounded below when decoded, so that zero and negatives get a named refusal."""
+
+    username: Username
+    amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100
+    # Limits (accounts/limits.py). Upstream's: concurrency (0..500) and monthly_kudos (added to the
+    # monthly amount, and given at once when positive); horde_lite's: the others, -1 none.
+    concurrency: Annotated[int, msgspec.Meta(ge=0, le=500)] | None = None
+    monthly_kudos: Annotated[int, msgspec.Meta(ge=-(10**9), le=10**9)] | None = None
+    allowed_models: AllowedModels | None = None
+    requests_per_minute: PerMinute | None = None
+    tokens_per_day: PerDay | None = None
 
 
 class KudosTransferInput(_In):
@@ -266,3 +340,22 @@ class KudosTransferInput(_In):
     # Not bounded below when decoded: a negative or zero amount gets upstream's named refusal
     # (transfers.py); the schema promises what is accepted, at least a cent.
     amount: Annotated[float, msgspec.Meta(le=1e9, extra_json_schema={"minimum": 0.01})] = 100
+
+
+# --- registration and invite codes (POST /api/v2/register, POST /api/v2/invites)
+
+
+class RegisterInput(_In, forbid_unknown_fields=True):
+    """POST /api/v2/register: a new user's name (the CLI's rules: accounts/users.checked_username)
+    and, when the horde registers by invitation, a moderator's invite code."""
+
+    username: Annotated[str, msgspec.Meta(min_length=1, max_length=100)]
+    invite: Annotated[str, msgspec.Meta(max_length=100)] | None = None
+
+
+class InviteInput(_In, forbid_unknown_fields=True):
+    """POST /api/v2/invites: how many registrations the code allows and for how many days (0: it
+    never expires)."""
+
+    uses: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1
+    days: Annotated[int, msgspec.Meta(ge=0, le=36_500)] = 7

@@ -39,6 +39,12 @@ class Rc(StrEnum):
     UntrustedTeamCreation = "UntrustedTeamCreation", 403
     NotOwner = "NotOwner", 403
     TooManyTeams = "TooManyTeams", 403
+    # A new user's name (upstream's codes; an empty or hostile name is a BadRequest).
+    TooLongUserName = "TooLongUserName", 400
+    NameAlreadyExists = "NameAlreadyExists", 400
+    # Moderators' user actions (upstream's codes): awarding kudos, deleting a user.
+    InvalidAwardUsername = "InvalidAwardUsername", 400
+    KudosAwardToAnon = "KudosAwardToAnon", 400
     TeamNotFound = "TeamNotFound", 404
     MissingPrompt = "MissingPrompt", 400
     TokenOverflow = "TokenOverflow", 400
@@ -58,16 +64,30 @@ class Rc(StrEnum):
     WrongCredentials = "WrongCredentials", 403
     AnonForbidden = "AnonForbidden", 403
     AnonForbiddenWorker = "AnonForbiddenWorker", 403
+    AnonForbiddenUser = "AnonForbiddenUser", 403
+    AnonForbiddenUserMod = "AnonForbiddenUserMod", 403
+    NotUserOrMod = "NotUserOrMod", 403
+    CannotDeleteMod = "CannotDeleteMod", 403
+    NotAllowedAwards = "NotAllowedAwards", 403
     WorkerMaintenance = "WorkerMaintenance", 403
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403
     NotModerator = "NotModerator", 403
+    # A model outside the shared key's or the user's allow-list (horde_lite's; accounts/limits.py).
+    ModelNotAllowed = "ModelNotAllowed", 403
     Forbidden = "Forbidden", 403
+    # Registration (horde_lite's own: upstream registers through OAuth pages).
+    RegistrationClosed = "RegistrationClosed", 403
+    InviteRequired = "InviteRequired", 403
+    InviteRevoked = "InviteRevoked", 403
+    InviteUsedUp = "InviteUsedUp", 403
+    InviteExpired = "InviteExpired", 403
     RequestNotFound = "RequestNotFound", 404
     InvalidJobID = "InvalidJobID", 404
     UserNotFound = "UserNotFound", 404
     WorkerNotFound = "WorkerNotFound", 404
     SharedKeyNotFound = "SharedKeyNotFound", 404
+    InviteNotFound = "InviteNotFound", 404
     ModelNotFound = "ModelNotFound", 404
     NotFound = "NotFound", 404
     MethodNotAllowed = "MethodNotAllowed", 405
@@ -78,6 +98,8 @@ class Rc(StrEnum):
     Locked = "Locked", 423
     TooManyPrompts = "TooManyPrompts", 429
     RateLimited = "RateLimited", 429
+    # The output tokens a key or user may reserve in a UTC day (horde_lite's; accounts/limits.py).
+    DailyTokenLimit = "DailyTokenLimit", 429
     ProgressTooFast = "ProgressTooFast", 429
     InternalServerError = "InternalServerError", 500
     # An HTTP error of Litestar's that no code above names: answered with that error's own status.

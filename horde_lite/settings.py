@@ -11,7 +11,7 @@ import os
 import re
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import platformdirs
@@ -163,6 +163,27 @@ class TeamSettings(_Table):
             raise ValueError("[teams] max_per_user must be >= 0 (0 turns the limit off)")
 
 
+class LimitSettings(_Table):
+    """The limits of a registered user a moderator has not set (accounts/limits.py); -1: none. The
+    anonymous user has only what a moderator sets on it: it is everyone without a key."""
+
+    requests_per_minute: int = -1
+    tokens_per_day: int = -1
+    # The models its requests may name; [] any.
+    allowed_models: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from horde_lite.accounts.limits import MAX_RATE, check_model_list  # it reads no settings
+
+        if not -1 <= self.requests_per_minute <= MAX_RATE or not -1 <= self.tokens_per_day <= 2**31 - 1:
+            raise ValueError(
+                f"[limits] requests_per_minute (-1..{MAX_RATE}) and tokens_per_day must be >= -1"
+            )
+        problem = check_model_list(self.allowed_models)
+        if problem:
+            raise ValueError(f"[limits] allowed_models: {problem}")
+
+
 class RequestSettings(_Table):
     expiry_seconds: float = 1200
     max_length_limit: int = 16384
@@ -277,26 +298,46 @@ class RateLimitSettings(_Table):
     # Calls per minute per (API key, client address) pair, counted per server process; 0 = no limit.
     create_per_minute: int = 60
     status_per_minute: int = 600
+    # Registrations (the API's and the page's, refused ones too) per client address per hour.
+    register_per_hour: int = 10
 
     def __post_init__(self) -> None:
-        if self.create_per_minute < 0 or self.status_per_minute < 0:
+        if min(self.create_per_minute, self.status_per_minute, self.register_per_hour) < 0:
             raise ValueError("[ratelimit] limits must be >= 0 (0 turns a limit off)")
+
+
+class AccountsSettings(_Table):
+    # Who may create an account through POST /api/v2/register and the /register page: nobody
+    # ("closed": the CLI only), holders of a moderator's invite code ("invite"), anyone ("open").
+    registration: Literal["closed", "invite", "open"] = "closed"
+
+
+class UsageSettings(_Table):
+    # Days of usage history kept (operators/usage.py), trimmed by the periodic sweep; 0 = forever.
+    keep_days: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.keep_days <= 100_000:
+            raise ValueError("[usage] keep_days must be between 0 (forever) and 100000")
 
 
 class Settings(_Table):
     database: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
     ratelimit: RateLimitSettings = msgspec.field(default_factory=RateLimitSettings)
+    accounts: AccountsSettings = msgspec.field(default_factory=AccountsSettings)
     lease: LeaseSettings = msgspec.field(default_factory=LeaseSettings)
     speed: SpeedSettings = msgspec.field(default_factory=SpeedSettings)
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     request: RequestSettings = msgspec.field(default_factory=RequestSettings)
     sharedkeys: SharedKeySettings = msgspec.field(default_factory=SharedKeySettings)
     teams: TeamSettings = msgspec.field(default_factory=TeamSettings)
+    limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     allowance: AllowanceSettings = msgspec.field(default_factory=AllowanceSettings)
     kudos: KudosSettings = msgspec.field(default_factory=KudosSettings)
     policies: PoliciesSettings = msgspec.field(default_factory=PoliciesSettings)
+    usage: UsageSettings = msgspec.field(default_factory=UsageSettings)
 
 
 class SettingsError(Exception):

@@ -128,6 +128,8 @@ async def room_for_a_worker(session: AsyncSession, settings: Settings, owner: Us
     limit = _limit(owner, rule.max_per_user, rule.max_per_trusted_user)
     if limit <= 0:
         return
+    # A moderator's `worker_invited` (PUT /users/{id}) raises this user's limit, never lowers it.
+    limit = max(limit, owner.worker_invited)
     count = (await session.execute(_LIVE_WORKERS, {"owner_id": owner.id})).scalar_one()
     if count >= limit:
         raise HordeError(

@@ -11,12 +11,12 @@ from dataclasses import dataclass
 import msgspec
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import owner_limits
+from horde_lite.accounts import limits, owner_limits
 from horde_lite.accounts.users import authenticate_user, display_name, hash_key, new_shared_key
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import SharedKey, User
-from horde_lite.inputs import SharedKeyInput, SharedKeyPatch
+from horde_lite.inputs import KEY_DEFAULT_KUDOS, SharedKeyInput, SharedKeyPatch
 from horde_lite.rc import Rc
 
 DAY = 86400.0
@@ -40,6 +40,18 @@ def _apply(shared: SharedKey, body: SharedKeyInput | SharedKeyPatch, now: float)
         shared.max_text_tokens = body.max_text_tokens
     if body.expiry is not msgspec.UNSET:
         shared.expiry = None if body.expiry < 0 else now + body.expiry * DAY
+    if body.allowed_models is not msgspec.UNSET:
+        shared.allowed_models = limits.allow_list(body.allowed_models)
+    if body.concurrency is not msgspec.UNSET:
+        shared.concurrency = body.concurrency
+    if body.requests_per_minute is not msgspec.UNSET:
+        shared.requests_per_minute = body.requests_per_minute
+    if body.tokens_per_day is not msgspec.UNSET:
+        shared.tokens_per_day = body.tokens_per_day
+    if body.monthly_kudos is not msgspec.UNSET:
+        shared.monthly_kudos = body.monthly_kudos
+        # This month's budget is `kudos`; the monthly amount replaces it from the next month on.
+        shared.refilled_at = max(shared.refilled_at or 0.0, now)
 
 
 async def create(horde: Horde, caller: Caller, body: SharedKeyInput) -> SharedKeyRecord:
@@ -52,6 +64,8 @@ async def create(horde: Horde, caller: Caller, body: SharedKeyInput) -> SharedKe
         key = new_shared_key()
         shared = SharedKey(key_hash=hash_key(key), user_id=owner.id, created_at=now, utilized=0.0)
         _apply(shared, body, now)
+        if body.kudos is msgspec.UNSET:  # a key with a monthly amount starts the month with it
+            shared.kudos = body.monthly_kudos if body.monthly_kudos >= 0 else KEY_DEFAULT_KUDOS
         session.add(shared)
         await session.flush()
         return SharedKeyRecord(shared, key, display_name(owner))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import unicodedata
 import uuid
 from dataclasses import dataclass
 
@@ -95,25 +96,94 @@ async def ensure_anonymous(session: AsyncSession, now: float) -> User:
     return user
 
 
+USERNAME_MAX = 100  # the column's length
+
+
+def _hidden(char: str) -> bool:
+    """Control, format (zero-width, bidi), surrogate, private-use, unassigned and line or paragraph
+    separator characters: none shows as itself, so a name holding one could pass for another."""
+    category = unicodedata.category(char)
+    return category.startswith("C") or category in ("Zl", "Zp")
+
+
+def checked_username(username: str) -> str:
+    """A name as it would be stored, or the refusal naming the rule: NFKC-normalised (fullwidth and
+    other compatibility forms fold to the plain letters) and stripped; 1 to 100 characters, none of
+    them hidden (`_hidden`), no '#', not the anonymous user's name."""
+    name = unicodedata.normalize("NFKC", username).strip()
+    if not name:
+        raise HordeError(Rc.BadRequest, "A username must not be empty.", param="username")
+    if len(name) > USERNAME_MAX:
+        raise HordeError(
+            Rc.TooLongUserName, f"A username is at most {USERNAME_MAX} characters.", param="username"
+        )
+    if any(_hidden(c) for c in name):
+        raise HordeError(
+            Rc.BadRequest,
+            "A username may not hold control, format or unassigned characters.",
+            param="username",
+        )
+    if name.casefold() == ANONYMOUS_NAME.casefold() or "#" in name:
+        raise HordeError(
+            Rc.BadRequest, f"{name!r} is reserved or contains '#'; pick another name.", param="username"
+        )
+    return name
+
+
+async def valid_username(session: AsyncSession, username: str, *, renaming: User | None = None) -> str:
+    """The name a new user (or a rename) gets (`checked_username`), if no other user has it:
+    compared exactly and, for an ASCII name, without regard to case. The unique column backs the
+    exact comparison."""
+    name = checked_username(username)
+    # SQLite's lower() folds ASCII only, PostgreSQL's every script: ASCII names compare the same
+    # on both, others exactly.
+    same = User.username == name
+    if name.isascii():
+        same = func.lower(User.username) == name.lower()
+    taken = select(User.id).where(same)
+    if renaming is not None:
+        taken = taken.where(User.id != renaming.id)
+    if (await session.execute(taken)).first() is not None:
+        raise _name_taken(name)
+    return name
+
+
 async def create_user(
     session: AsyncSession, username: str, now: float, *, trusted: bool = False, moderator: bool = False
 ) -> tuple[User, str]:
     """Create a user and return it with its new key (shown once; only the hash is kept)."""
-    username = username.strip()
-    if not username or len(username) > 100:
-        raise HordeError(Rc.BadRequest, "A username must be 1 to 100 characters.")
-    if username.lower() == ANONYMOUS_NAME.lower() or "#" in username:
-        raise HordeError(Rc.BadRequest, f"{username!r} is reserved or contains '#'; pick another name.")
-    exists = await session.execute(select(User.id).where(User.username == username))
-    if exists.first() is not None:
-        raise HordeError(Rc.BadRequest, f"A user named {username!r} already exists.")
+    username = await valid_username(session, username)
     key = new_api_key()
     user = User(
         username=username, api_key_hash=hash_key(key), trusted=trusted, moderator=moderator, created_at=now
     )
-    session.add(user)
-    await session.flush()
+    try:
+        async with session.begin_nested():
+            session.add(user)
+            await session.flush()
+    except IntegrityError:  # the same name, created meanwhile by another transaction
+        raise _name_taken(username) from None
     return user, key
+
+
+async def rename(session: AsyncSession, user: User, username: str) -> str:
+    """Give the user another name, under the rules of a new one (`valid_username`); returns it."""
+    if user.anonymous or is_deleted(user):
+        raise HordeError(
+            Rc.BadRequest, "The anonymous user and deleted users keep their names.", param="username"
+        )
+    name = await valid_username(session, username, renaming=user)
+    try:
+        async with session.begin_nested():
+            await session.execute(update(User).where(User.id == user.id).values(username=name))
+    except IntegrityError:
+        raise _name_taken(name) from None
+    await session.refresh(user, ["username"])
+    return name
+
+
+def _name_taken(name: str) -> HordeError:
+    return HordeError(Rc.NameAlreadyExists, f"A user named {name!r} already exists.", param="username")
 
 
 # ASCII digits only: str.isdigit() and int() also take fullwidth and Arabic-Indic digits (U+FF11,
@@ -260,11 +330,16 @@ class UserSummary:
     created_at: float
 
 
-async def summaries(session: AsyncSession, *, include_deleted: bool = False) -> list[UserSummary]:
-    """Every user in id order (the deleted ones only when asked), with its worker count."""
-    query = select(User).order_by(User.id)
+async def summaries(
+    session: AsyncSession, *, include_deleted: bool = False, search: str = "", limit: int | None = None
+) -> list[UserSummary]:
+    """Every user in id order (the deleted ones only when asked), with its worker count; `search`
+    keeps the names holding it (ASCII letters in either case), `limit` the first so many."""
+    query = select(User).order_by(User.id).limit(limit)
     if not include_deleted:
         query = query.where(User.username.not_like(f"{DELETED_PREFIX}%"))
+    if search:
+        query = query.where(func.lower(User.username).contains(search.lower(), autoescape=True))
     users = list((await session.execute(query)).scalars())
     live = select(Worker.owner_id, func.count()).where(Worker.deleted_at.is_(None)).group_by(Worker.owner_id)
     counts: dict[int, int] = dict((await session.execute(live)).tuples().all())

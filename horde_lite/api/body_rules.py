@@ -78,7 +78,12 @@ def check_body(raw: bytes) -> None:
     if len(brackets) > MAX_DEPTH and max(accumulate(map(_DEPTH_STEP.__getitem__, brackets))) > MAX_DEPTH:
         raise _bad(f"The request body nests arrays and objects deeper than {MAX_DEPTH} levels.", "body")
     for match in _LONG_INT.finditer(outside):
-        if not INT64_MIN <= int(match.group()) <= INT64_MAX:
+        # Beyond 19 significant digits is beyond 64 bits, told without int(): it refuses a string of
+        # more than 4300 digits (a JSON number's, or a form field's, which the pattern also finds).
+        literal = match.group()
+        digits = literal.lstrip(b"-").lstrip(b"0") or b"0"
+        value = int(digits) if len(digits) <= 19 else 2**64  # beyond either bound, whatever its sign
+        if not INT64_MIN <= (-value if literal.startswith(b"-") else value) <= INT64_MAX:
             raise _bad("The request body holds an integer outside the 64-bit range.", "body")
 
 

@@ -24,6 +24,7 @@ from litestar import Litestar
 from litestar.openapi.spec import Discriminator, OpenAPIType, Reference, Schema
 from litestar.routes import HTTPRoute
 
+from horde_lite.accounts.limits import USER_LIMIT_FIELDS
 from horde_lite.api.body_rules import INT64_MAX, INT64_MIN
 
 REF = "#/components/schemas/{name}"
@@ -65,7 +66,20 @@ AT_LEAST: dict[str, list[Schema]] = {
         struct: [Schema(required=[f], properties={f: _NOT_NULL}) for f in fields]
         for struct, fields in (
             ("WorkerUpdate", ("maintenance", "maintenance_msg", "paused", "info", "name", "team")),
-            ("UserUpdate", ("kudos", "trusted", "moderator")),
+            (
+                "UserUpdate",
+                (
+                    "kudos",
+                    "trusted",
+                    "moderator",
+                    "username",
+                    "contact",
+                    "admin_comment",
+                    "public_workers",
+                    "worker_invited",
+                    *USER_LIMIT_FIELDS,
+                ),
+            ),
             ("ModifyTeamInput", ("name", "info")),
         )
     },
@@ -78,6 +92,7 @@ _FIELDS = {
     "minLength": "min_length", "maxLength": "max_length", "exclusiveMinimum": "exclusive_minimum",
     "exclusiveMaximum": "exclusive_maximum", "multipleOf": "multiple_of", "minProperties": "min_properties",
     "maxProperties": "max_properties", "uniqueItems": "unique_items", "propertyNames": "property_names",
+    "not": "schema_not",
 }  # fmt: skip
 _NESTED = frozenset(
     (
@@ -106,6 +121,8 @@ def _as_spec(js: dict[str, Any]) -> Schema | Reference:
             value = [OpenAPIType(t) for t in value] if isinstance(value, list) else OpenAPIType(value)
         elif name == "discriminator":
             value = Discriminator(property_name=value["propertyName"], mapping=value.get("mapping"))
+        elif name == "schema_not":  # `{"not": {}}`: no value at all (a field refused by name)
+            value = _as_spec(value) if value else Schema()
         elif name == "properties":
             value = {k: _as_spec(v) for k, v in value.items()}
         elif name in _NESTED and isinstance(value, dict):

@@ -1,7 +1,8 @@
 """The one guard of every route for moderators and operators (`guards=[moderator_guard]`): the
-operator pages (/operator/*) and the dashboard's page and panels.
+operator pages (/operator/*) and the dashboard's page, panels and user actions.
 
-Open to anyone with `[http] open_operator_pages`; otherwise a moderator's own key (the `apikey`
+Open to anyone with `[http] open_operator_pages` (except a door that changes things, such as the
+dashboard's user actions); otherwise a moderator's own key (the `apikey`
 header or a Bearer token), or, on a route whose door names a cookie, a signed session from the
 dashboard's sign-in. A refusal is a `Refused` (a `HordeError`): the operator pages answer it in
 the horde's error shape, the dashboard's routes with their sign-in page or a line of text. What a
@@ -33,12 +34,21 @@ class Door:
     anonymous_key: tuple[Rc, str]  # the anonymous key, or a blank one
     not_moderator: str  # NotModerator: another user's key, or a shared key (even a moderator's)
     session_cookie: str | None = None  # a cookie holding a signed session, read when no key is sent
+    # `[http] open_operator_pages` lets anyone through; a door that changes things stays shut.
+    opened_by_open_pages: bool = True
 
 
 OPERATOR_PAGES = Door(
     no_key=(Rc.NotModerator, "Operator pages need a moderator's API key (apikey header)."),
     anonymous_key=(Rc.NotModerator, "Only a moderator may read the operator pages."),
     not_moderator="Only a moderator may read the operator pages.",
+)
+# Operator routes that change things (invite codes): shut even when the pages are open.
+OPERATOR_ACTIONS = Door(
+    no_key=(Rc.NotModerator, "This needs a moderator's API key (apikey header)."),
+    anonymous_key=(Rc.NotModerator, "Only a moderator may do this."),
+    not_moderator="Only a moderator may do this.",
+    opened_by_open_pages=False,
 )
 
 
@@ -52,6 +62,7 @@ class Viewer:
 
     name: str = ""
     by_session: bool = False
+    user_id: int | None = None  # the moderator's; None on open pages
 
 
 def open_pages(horde: Horde) -> bool:
@@ -82,15 +93,16 @@ async def moderator_guard(connection: ASGIConnection[Any, Any, Any, Any], route:
 
 
 async def _viewer(connection: ASGIConnection[Any, Any, Any, Any], horde: Horde, door: Door) -> Viewer:
-    if open_pages(horde):
+    if open_pages(horde) and door.opened_by_open_pages:
         return Viewer()
     key = apikey_of(connection)
     if key is not None:
-        return Viewer((await moderator(horde, key, door)).username)
+        found = await moderator(horde, key, door)
+        return Viewer(found.username, user_id=found.id)
     if door.session_cookie is not None:
         user = await session_moderator(horde, connection.cookies.get(door.session_cookie))
         if user is not None:
-            return Viewer(user.username, by_session=True)
+            return Viewer(user.username, by_session=True, user_id=user.id)
     raise Refused(*door.no_key)
 
 

@@ -1,6 +1,8 @@
-"""Rate limits on request creation and status reads, per (API key, client address) pair.
+"""Rate limits on request creation and status reads, per (API key, client address) pair, and on
+registration, per client address.
 
-Litestar's `RateLimitMiddleware` counts calls in a fixed one-minute window in a store. The store is
+Litestar's `RateLimitMiddleware` counts calls in a fixed window (a minute, an hour for registration)
+in a store. The store is
 Litestar's in-memory one, so every server process counts on its own: with `--wc N` a client gets up
 to N times the limit. The key is kept only as a hash, so the store never holds a usable key. The
 429 it raises becomes each face's `RateLimited` answer in `horde_lite.api.errors`.
@@ -11,11 +13,12 @@ from __future__ import annotations
 import hashlib
 import re
 import time
+from collections.abc import Callable
 from typing import Any
 
 from litestar import Request
 from litestar.middleware.base import DefineMiddleware
-from litestar.middleware.rate_limit import CacheObject, RateLimitConfig, RateLimitMiddleware
+from litestar.middleware.rate_limit import CacheObject, DurationUnit, RateLimitConfig, RateLimitMiddleware
 from litestar.stores.base import Store
 from litestar.stores.memory import MemoryStore
 
@@ -29,16 +32,21 @@ CREATE_CALLS = (
     ("POST", re.compile(r"/v1/completions/?")),
 )
 STATUS_CALLS = (("GET", re.compile(r"/api/v2/generate/text/status/[^/]+/?")),)
+REGISTER_CALLS = (("POST", re.compile(r"/api/v2/register/?")), ("POST", re.compile(r"/register/?")))
 # Expired windows are dropped from the memory store this often, so one-off addresses don't pile up.
 PURGE_SECONDS = 300
+
+
+def client_address(request: Request[Any, Any, Any]) -> str:
+    """The connection's client address (uvicorn's, after its trusted proxies' headers)."""
+    return request.client.host if request.client else "unknown"
 
 
 def caller_identity(request: Request[Any, Any, Any]) -> str:
     """The client address and a hash of its key (the anonymous key and no key count alike)."""
     key = apikey_of(request) or "0000000000"
     digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-    address = request.client.host if request.client else "unknown"
-    return f"{address}|{digest}"
+    return f"{client_address(request)}|{digest}"
 
 
 class KeyAndAddressRateLimit(RateLimitMiddleware):
@@ -62,10 +70,15 @@ def _matcher(calls: tuple[tuple[str, re.Pattern[str]], ...]) -> Any:
     return counts
 
 
-def _limit(name: str, per_minute: int, calls: tuple[tuple[str, re.Pattern[str]], ...]) -> DefineMiddleware:
+def _limit(
+    name: str,
+    calls: tuple[tuple[str, re.Pattern[str]], ...],
+    rate: tuple[DurationUnit, int],
+    identity: Callable[[Request[Any, Any, Any]], str] = caller_identity,
+) -> DefineMiddleware:
     config = RateLimitConfig(
-        rate_limit=("minute", per_minute),
-        identifier_for_request=caller_identity,
+        rate_limit=rate,
+        identifier_for_request=identity,
         check_throttle_handler=_matcher(calls),
         middleware_class=KeyAndAddressRateLimit,
         store=f"ratelimit_{name}",
@@ -77,7 +90,10 @@ def rate_limit_middleware(settings: RateLimitSettings) -> list[DefineMiddleware]
     """One middleware per limit that is on (0 turns a limit off)."""
     out: list[DefineMiddleware] = []
     if settings.create_per_minute > 0:
-        out.append(_limit("create", settings.create_per_minute, CREATE_CALLS))
+        out.append(_limit("create", CREATE_CALLS, ("minute", settings.create_per_minute)))
     if settings.status_per_minute > 0:
-        out.append(_limit("status", settings.status_per_minute, STATUS_CALLS))
+        out.append(_limit("status", STATUS_CALLS, ("minute", settings.status_per_minute)))
+    if settings.register_per_hour > 0:
+        # By address alone: whoever registers has no key yet, and a made-up key must not buy a new budget.
+        out.append(_limit("register", REGISTER_CALLS, ("hour", settings.register_per_hour), client_address))
     return out

@@ -20,6 +20,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.sql.elements import ColumnElement
 
 from horde_lite import whatif
+from horde_lite.accounts.users import UserSummary, summaries
 from horde_lite.core.context import Horde
 from horde_lite.db.models import (
     AdmissionRecord,
@@ -32,7 +33,7 @@ from horde_lite.db.models import (
     Worker,
 )
 from horde_lite.metrics import SIZE_BUCKETS, size_bucket
-from horde_lite.operators import policy_state
+from horde_lite.operators import policy_state, usage
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.policies.registry import CANDIDATES, PolicyError
@@ -42,6 +43,7 @@ WINDOW_SECONDS = 24 * 3600.0  # the shadow and allowance panels: the last day
 CANDIDATE_WINDOW_SECONDS = 7 * 86400.0  # the candidate comparison: the last week
 MAX_BINS = 48
 MAX_WORKERS = 200
+MAX_USERS = 100  # the users panel's rows; its search narrows them
 SERVICE_POINTS = 400  # the newest ended assignments drawn one dot each
 RECENT_ADMISSIONS = 200
 RECENT_CHANGES = 20
@@ -580,6 +582,42 @@ async def allowance(horde: Horde) -> AllowanceView:
     )
 
 
+# --- usage (operators/usage.py) ---------------------------------------------------------------------
+
+USAGE_DAYS = 30
+USAGE_TOP = 10
+
+
+@dataclass(frozen=True, slots=True)
+class UsageView:
+    days: list[str]  # the last USAGE_DAYS days (UTC), oldest first, today last
+    tokens: list[int]
+    requests: list[int]
+    top_users: list[usage.ReportRow]
+    top_models: list[usage.ReportRow]
+
+
+async def usage_history(horde: Horde) -> UsageView:
+    """Daily tokens and requests over the last 30 days (today so far included), and the users and
+    models that used the most tokens over them, from the usage history."""
+    now = horde.clock.now()
+    today = now - now % usage.DAY
+    since = today - (USAGE_DAYS - 1) * usage.DAY
+    async with horde.reading() as session:
+        daily = {r.key: r.totals for r in await usage.report(session, usage.By.day, since)}
+        users = await usage.report(session, usage.By.user, since, limit=USAGE_TOP)
+        models = await usage.report(session, usage.By.model, since, limit=USAGE_TOP)
+    days = [usage.day_label(int(since + i * usage.DAY)) for i in range(USAGE_DAYS)]
+    empty = usage.Totals()
+    return UsageView(
+        days=days,
+        tokens=[daily.get(d, empty).tokens for d in days],
+        requests=[daily.get(d, empty).requests for d in days],
+        top_users=users,
+        top_models=models,
+    )
+
+
 # --- the candidate comparison ----------------------------------------------------------------------
 
 
@@ -645,3 +683,21 @@ async def candidate_comparison(horde: Horde) -> CandidateView:
         errors=errors,
         counts=[DecisionCount(str(k), str(c), str(f), str(d), str(cd), int(n)) for k, c, f, d, cd, n in rows],
     )
+
+
+# --- users (the panel's actions: routes.py, through accounts/profiles.py) ------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class UsersView:
+    rows: list[UserSummary]
+    search: str
+    more: bool  # more users match than the panel shows
+
+
+async def users(horde: Horde, search: str = "") -> UsersView:
+    """The users whose names hold `search` (all when empty), oldest first, at most MAX_USERS."""
+    search = search.strip()[:100]
+    async with horde.transaction() as session:
+        rows = await summaries(session, search=search, limit=MAX_USERS + 1)
+    return UsersView(rows=rows[:MAX_USERS], search=search, more=len(rows) > MAX_USERS)

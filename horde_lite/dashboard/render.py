@@ -6,6 +6,7 @@ renders them all, `/dashboard/panels/<name>` one (what the page's script re-fetc
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any
 
 from jinja2 import Environment
 
+from horde_lite.accounts import invites as invite_codes
 from horde_lite.core.context import Horde
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
@@ -52,9 +54,14 @@ def seconds(value: float | None) -> str:
     return f"{value / 86400:.1f} d"
 
 
+def utc(epoch: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(epoch))
+
+
 def filters(env: Environment) -> None:
     """The templates' filters (registered by the template config's engine callback)."""
     env.filters["seconds"] = seconds
+    env.filters["utc"] = utc
     env.filters["speed"] = lambda v: "unmeasured" if v is None else f"{v:.1f}"
 
 
@@ -190,12 +197,41 @@ async def candidates(horde: Horde) -> dict[str, Any]:
     }
 
 
+async def invites(horde: Horde) -> dict[str, Any]:
+    return {
+        "invites": await invite_codes.listing(horde),
+        "mode": horde.settings.accounts.registration,
+        "now": horde.clock.now(),
+    }
+
+
+async def users(horde: Horde, search: str = "") -> dict[str, Any]:
+    return {"view": await data.users(horde, search)}
+
+
+async def usage(horde: Horde) -> dict[str, Any]:
+    view = await data.usage_history(horde)
+    labels = [d[5:] for d in view.days]  # MM-DD
+    tokens = bar_chart(labels, [Stack("output tokens", "#1e88e5", view.tokens)],
+                       title="Output tokens per day", x_label="day (UTC)", y_label="tokens",
+                       empty="no usage in the last 30 days")  # fmt: skip
+    requests = bar_chart(labels, [Stack("requests served", "#43a047", view.requests)],
+                         title="Requests served per day", x_label="day (UTC)", y_label="requests",
+                         empty="no usage in the last 30 days")  # fmt: skip
+    return {"view": view, "tokens_chart": tokens, "requests_chart": requests}
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
     title: str
-    build: Callable[[Horde], Awaitable[dict[str, Any]]]
+    # A searchable panel's builder also takes the page's `q` (its search box).
+    build: Callable[..., Awaitable[dict[str, Any]]]
     wide: bool = False
+    searchable: bool = False
+
+    async def context(self, horde: Horde, search: str) -> dict[str, Any]:
+        return await (self.build(horde, search) if self.searchable else self.build(horde))
 
     @property
     def template(self) -> str:
@@ -211,5 +247,8 @@ PANELS: dict[str, Panel] = {
         Panel("allowance", "Allowance decisions", allowance),
         Panel("policies", "Policies", policies),
         Panel("candidates", "Candidate comparison (last 7 days)", candidates, wide=True),
+        Panel("users", "Users", users, wide=True, searchable=True),
+        Panel("invites", "Invite codes", invites, wide=True),
+        Panel("usage", "Usage (last 30 days)", usage, wide=True),
     )
 }

@@ -50,6 +50,22 @@ class User(Base):
     recent_failures: Mapped[list[float]] = mapped_column(JsonList, default=list, server_default="[]")
     # Until then the user's workers are held in maintenance: a check-in puts one back in.
     failure_cooldown_until: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # What PUT /users/{id} sets (accounts/profiles.py): how the horde's moderators reach the user
+    # (shown to the user and moderators), their note on it (moderators only), whether the user's
+    # worker ids are public, and how many workers it may hold when above the default limit.
+    contact: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    admin_comment: Mapped[str] = mapped_column(String(500), default="", server_default="")
+    public_workers: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    worker_invited: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Limits a moderator set (accounts/limits.py). None: the horde's default (`[limits]`, and
+    # `[request] max_waiting_per_user` for concurrency); -1: none.
+    allowed_models: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
+    concurrency: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    requests_per_minute: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    tokens_per_day: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    # Upstream's recurring kudos: added once per UTC calendar month, when it was last added.
+    monthly_kudos: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    monthly_kudos_last_received: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class SharedKey(Base):
@@ -64,6 +80,51 @@ class SharedKey(Base):
     expiry: Mapped[float | None] = mapped_column(Float, nullable=True)
     max_text_tokens: Mapped[int] = mapped_column(Integer, default=-1)  # -1 = no cap
     created_at: Mapped[float] = mapped_column(Float)
+    # The key's scope and limits (accounts/limits.py): [] any model; -1 no limit.
+    allowed_models: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
+    concurrency: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    requests_per_minute: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    tokens_per_day: Mapped[int] = mapped_column(Integer, default=-1, server_default="-1")
+    # The budget `kudos` is reset to this (and `utilized` to 0) once per UTC calendar month; -1 never.
+    monthly_kudos: Mapped[float] = mapped_column(Float, default=-1.0, server_default="-1")
+    refilled_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+
+
+class LimitAdmission(Base):
+    """A request admitted while a requests-per-minute or tokens-per-day limit applied to its user
+    or shared key: what the limits count. `tokens` is the output reserved at admission, lowered to
+    what its jobs generated when the request ends. Kept past the request (no foreign key to it)
+    until the day is over."""
+
+    __tablename__ = "limit_admissions"
+    __table_args__ = (
+        Index("ix_limit_admissions_user", "user_id", "created_at"),
+        Index("ix_limit_admissions_key", "shared_key_hash", "created_at"),
+    )
+
+    request_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"))
+    shared_key_hash: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    tokens: Mapped[int] = mapped_column(Integer)
+
+
+class InviteCode(Base):
+    """A moderator's invite code for registration in `invite` mode. Only the code's hash is kept
+    (it is shown once, as keys are), with its first characters to tell codes apart in a listing."""
+
+    __tablename__ = "invite_codes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    code_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    hint: Mapped[str] = mapped_column(String(8))
+    uses: Mapped[int] = mapped_column(Integer)  # registrations it allows
+    used: Mapped[int] = mapped_column(Integer, default=0)  # counted with each user it created
+    expires_at: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never
+    # The moderator who made it; None for the CLI and open operator pages.
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
 class KudosEvent(Base):
@@ -394,6 +455,31 @@ class AssignmentRecord(Base):
     # None while running; completed | faulted | aborted | cancelled
     outcome: Mapped[str | None] = mapped_column(String(16), nullable=True)
     ended_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class UsageRecord(Base):
+    """Durable usage (operators/usage.py): what one requester got from one worker on one model in
+    one clock hour (UTC), through one shared key or none (""). Written with each settlement, kept
+    after the requests and jobs expire, trimmed only by `[usage] keep_days`."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (
+        Index("ix_usage_records_user", "user_id", "hour"),
+        Index("ix_usage_records_owner", "owner_id", "hour"),
+        Index("ix_usage_records_worker", "worker_id", "hour"),
+    )
+
+    hour: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)  # epoch s
+    user_id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)  # requester
+    worker_id: Mapped[str] = mapped_column(ID, primary_key=True)
+    model: Mapped[str] = mapped_column(String(255), primary_key=True)
+    shared_key_hash: Mapped[str] = mapped_column(String(64), primary_key=True)  # "": no shared key
+    owner_id: Mapped[int] = mapped_column(Integer)  # the worker's owner, who earned the rewards
+    requests: Mapped[int] = mapped_column(Integer, default=0)  # requests served first in this row
+    jobs: Mapped[int] = mapped_column(Integer, default=0)
+    tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    kudos_spent: Mapped[float] = mapped_column(Float, default=0.0)  # charged to the requester
+    kudos_earned: Mapped[float] = mapped_column(Float, default=0.0)  # rewarded to the owner
 
 
 class CandidateRecord(Base):

@@ -19,6 +19,7 @@ from horde_lite.inputs import SubmitInput
 from horde_lite.jobs.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.jobs.output_bounds import check_submit
 from horde_lite.jobs.settlement import give_back, maybe_finish, shadow_outcome
+from horde_lite.operators import usage
 from horde_lite.rc import Rc
 from horde_lite.requests import prices
 
@@ -195,6 +196,21 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         generation_id=generation.id,
         reward=reward,
         now=now,
+    )
+    # Every charge is at least the burn of 1, so a request that has spent nothing is settling its
+    # first job: the request is counted in the history once, by the job that first served it.
+    await usage.record_settlement(
+        session,
+        at=now,
+        requester_id=request.user_id,
+        shared_key_hash=request.shared_key_hash,
+        worker_id=worker.id,
+        owner_id=worker.owner_id,
+        model=generation.model,
+        first_of_request=request.kudos_spent == 0,
+        tokens=tokens,
+        charged=charge,
+        rewarded=reward,
     )
     request.kudos_spent = round(request.kudos_spent + charge, 2)
     worker.completed_jobs += 1

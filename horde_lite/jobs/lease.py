@@ -11,12 +11,13 @@ from typing import TypeVar
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos, owner_limits
+from horde_lite.accounts import kudos, limits, owner_limits
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db import change_log
 from horde_lite.db.models import Generation, RequestModel, TextRequest, Worker
 from horde_lite.jobs.settlement import give_back, processing_count, shadow_outcome
+from horde_lite.operators import usage
 from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.lease")
@@ -156,11 +157,13 @@ async def expire_requests(session: AsyncSession, horde: Horde, now: float) -> in
         if await processing_count(session, request_id) > 0:
             continue
         await kudos.release_hold(session, request_id)
+        await limits.settle_tokens(session, request_id)
         await session.execute(delete(Generation).where(Generation.request_id == request_id))
         await session.execute(delete(RequestModel).where(RequestModel.request_id == request_id))
         await session.execute(delete(TextRequest).where(TextRequest.id == request_id))
         horde.notifier.on_commit(session, request_id)
         removed += 1
+    await limits.forget_before(session, now)
     return removed
 
 
@@ -187,4 +190,5 @@ async def sweep(horde: Horde) -> tuple[int, int]:
         lapsed = await lapse_expired(session, horde, now)
         expired = await expire_requests(session, horde, now)
         await change_log.prune(session)  # the notes every process has read by now
+        await usage.trim(session, now, horde.settings.usage.keep_days)
     return lapsed, expired

@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos
+from horde_lite.accounts import kudos, limits
 from horde_lite.core.context import Horde
 from horde_lite.db.models import AssignmentRecord, Generation, TextRequest, Worker
 from horde_lite.policies.protocols import Outcome
@@ -57,6 +57,7 @@ async def maybe_finish(session: AsyncSession, request: TextRequest, *, ended: st
     if request.state == "waiting":  # its last job was taken: its entries left then
         request.state = "done"
     await kudos.release_hold(session, request.id)
+    await limits.settle_tokens(session, request.id)
     return True
 
 

@@ -1,10 +1,13 @@
 """The horde's figures: GET /status/performance, /status/modes, /stats/text/totals, /stats/text/models.
 
-Upstream keeps a statistics table; horde_lite counts what it already holds. A finished job is a
-generation in state ok or censored (fake jobs of paused workers never count). Generations are removed
-with their request at its expiry, so the windows (minute to month, and every per-model figure) count
-the jobs whose requests the horde still holds; the all-time `total` of /stats/text/totals comes from
-the workers' own counters, which are never removed (docs/reference/horde_api.md).
+Upstream keeps a statistics table; horde_lite reads its usage history (operators/usage.py), kept by
+clock hour after requests expire. A window of an hour or more counts the whole clock hours (UTC)
+that began within it: the current hour so far and the ones before it, so a day is between 23 and
+24 hours back. The past minute, shorter than an hour, is counted from the finished jobs the horde
+still holds (every job stays at least five minutes after its submit); the all-time `total` of
+/stats/text/totals comes from the workers' own counters, which are never removed and include what
+was settled before the history began (docs/reference/usage.md). A finished job is a generation in
+state ok or censored (fake jobs of paused workers never count).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from horde_lite.accounts.users import authenticate
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Generation, TextRequest, Worker
+from horde_lite.operators import usage
 from horde_lite.queue.eligibility import worker_online
 from horde_lite.rc import Rc
 
@@ -120,15 +124,17 @@ async def text_totals(horde: Horde) -> dict[str, PeriodTotal]:
     now = horde.clock.now()
     out: dict[str, PeriodTotal] = {}
     async with horde.reading() as session:
-        for period, seconds in PERIODS.items():
-            requests, tokens = (
-                await session.execute(
-                    select(func.count(Generation.id), func.coalesce(func.sum(Generation.tokens), 0)).where(
-                        *_finished(now - seconds)
-                    )
+        requests, tokens = (
+            await session.execute(
+                select(func.count(Generation.id), func.coalesce(func.sum(Generation.tokens), 0)).where(
+                    *_finished(now - PERIODS["minute"])
                 )
-            ).one()
-            out[period] = PeriodTotal(requests=int(requests), tokens=int(tokens))
+            )
+        ).one()
+        out["minute"] = PeriodTotal(requests=int(requests), tokens=int(tokens))
+        for period in ("hour", "day", "month"):
+            kept = await usage.window_totals(session, now - PERIODS[period])
+            out[period] = PeriodTotal(requests=kept.jobs, tokens=kept.tokens)
         jobs, tokens = (
             await session.execute(
                 select(
@@ -142,20 +148,11 @@ async def text_totals(horde: Horde) -> dict[str, PeriodTotal]:
 
 
 async def text_model_totals(horde: Horde) -> dict[str, dict[str, int]]:
-    """Finished jobs per model in the past day, the past month, and all that the horde holds."""
+    """Finished jobs per model in the past day, the past month, and all the history kept."""
     now = horde.clock.now()
-    out: dict[str, dict[str, int]] = {}
     async with horde.reading() as session:
-        for period, since in (
-            ("day", now - PERIODS["day"]),
-            ("month", now - PERIODS["month"]),
-            ("total", None),
-        ):
-            rows = await session.execute(
-                select(Generation.model, func.count(Generation.id))
-                .where(*_finished(since))
-                .group_by(Generation.model)
-                .order_by(Generation.model)
-            )
-            out[period] = {model: int(count) for model, count in rows}
-    return out
+        return {
+            "day": await usage.model_jobs(session, now - PERIODS["day"]),
+            "month": await usage.model_jobs(session, now - PERIODS["month"]),
+            "total": await usage.model_jobs(session, None),
+        }

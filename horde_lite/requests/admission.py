@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from sqlalchemy import Select, bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos
+from horde_lite.accounts import kudos, limits
 from horde_lite.accounts.users import Requester, authenticate, check_shared_key
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.core.errors import HordeError
@@ -138,7 +138,7 @@ def legacy_spec(
         max_length=max_length,
         requested_max_length=max_length,
         max_context_length=max_context_length,
-        models=_clean_models(body.models),
+        models=_scoped_models(horde.settings, requester, body.models),
         workers=list(dict.fromkeys(body.workers)),
         worker_deny=_deny_list(body),
         trusted_workers=body.trusted_workers,
@@ -152,6 +152,16 @@ def legacy_spec(
 
 def _clean_models(models: list[str]) -> list[str]:
     return list(dict.fromkeys(m.strip() for m in models if m and m.strip()))[:50]
+
+
+def _scoped_models(settings: Settings, requester: Requester, models: list[str]) -> list[str]:
+    """The request's models within its key's and user's allow-lists (none named: all they allow)."""
+    shared = requester.shared_key
+    return limits.scoped_models(
+        _clean_models(models),
+        shared.allowed_models if shared is not None else [],
+        limits.user_allowed_models(requester.user, settings),
+    )
 
 
 def _deny_list(body: TextRequestInput) -> list[str]:
@@ -257,7 +267,7 @@ async def chat_spec(
     """A chat request from either route. Its max_tokens is only ever lowered to what an online chat
     worker for its model declares, and the client is told in `context_adjustments`."""
     requested = _chat_asked(payload, in_force.settings)
-    models = _clean_models(models)
+    models = _scoped_models(in_force.settings, requester, models)
     now = horde.clock.now()
     largest, largest_context = await chat_limits(session, in_force, models, now, requester.user.id)
     applied, adjustments = _lowered(requested, largest)
@@ -312,8 +322,7 @@ _LOCK_WAITING = select(func.pg_advisory_xact_lock(_ADVISORY_WAITING, bindparam("
 
 
 async def _too_many(session: AsyncSession, settings: Settings, spec: AdmissionSpec) -> None:
-    s = settings.request
-    limit = s.max_waiting_anonymous if spec.requester.user.anonymous else s.max_waiting_per_user
+    limit = limits.user_concurrency(spec.requester.user, settings)
     if spec.requester.user.anonymous and session.get_bind().dialect.name == "postgresql":
         # The anonymous account is shared and its users row is not locked (its charges update it
         # at every anonymous submit): without this, concurrent creations would all count below the
@@ -321,7 +330,11 @@ async def _too_many(session: AsyncSession, settings: Settings, spec: AdmissionSp
         await session.execute(_LOCK_WAITING, {"user_id": spec.requester.user.id})
     waiting = (await session.execute(_WAITING_OF_USER, {"user_id": spec.requester.user.id})).scalar_one()
     if waiting >= limit:
-        raise HordeError(Rc.TooManyPrompts, f"You already have {waiting} requests waiting (limit {limit}).")
+        raise HordeError(
+            Rc.TooManyPrompts,
+            f"Parallel requests ({waiting + 1}) exceeded the user limit ({limit}): you already have "
+            f"{waiting} requests waiting. Please try again once one ends.",
+        )
 
 
 async def declaration_gap(
@@ -466,6 +479,9 @@ async def admit(
         # A free request through a key still spends the key's budget when its jobs are charged:
         # it must fit what is left, and reserves it so concurrent requests cannot overspend.
         check_shared_key(spec.requester.shared_key, now, judged.max_length, cost, left=key_left)
+    # The key's and user's limits, under their row locks: a dry run is refused like the request.
+    reserved = judged.max_length * spec.n
+    counted = await limits.check(session, in_force.settings, spec.requester, reserved, now)
     adjustments = list(row.context_adjustments)
     if not judged.writes:  # a dry run: judged like the real request; nothing is written
         return Admission(
@@ -473,6 +489,8 @@ async def admit(
             adjustments, warnings,
         )  # fmt: skip
     await _insert(session, row)
+    if counted:
+        await limits.note_admission(session, spec.requester, row.id, reserved, now)
     shared = spec.requester.shared_key
     if judged.holds(shared is not None):
         await kudos.place_hold(
@@ -496,16 +514,18 @@ async def _lock_requester(
     """Lock and read what the decision acts on: the requester, its shared key and its waiting
     count. Returns what the shared key's budget has left (None: no key, or no budget)."""
     shared = spec.requester.shared_key
-    if shared is not None:
-        # The key's own limits first: an expired, empty or capped key is refused whatever the
-        # request would cost (its budget is checked against the cost later).
-        check_shared_key(shared, now, spec.max_length, 0.0)
     if not spec.requester.user.anonymous and not spec.requester.locked:
         # One registered requester's creations serialize: its waiting count and spendable kudos are
         # read, then acted on (two concurrent funded requests must not both spend the same kudos).
         # Lock order (docs/explanation/locking.md): the users row, then the shared key row. The
         # routes lock it as they authenticate (`decide`), in the same statement.
         await session.refresh(spec.requester.user, with_for_update=True)
+    # A new month's kudos and key budget before anything reads them.
+    await limits.refill(session, spec.requester, now)
+    if shared is not None:
+        # The key's own limits first: an expired, empty or capped key is refused whatever the
+        # request would cost (its budget is checked against the cost later).
+        check_shared_key(shared, now, spec.max_length, 0.0)
     key_left: float | None = None
     if shared is not None:
         await kudos.lock_shared_key(session, shared)

@@ -64,6 +64,8 @@ async def _traffic_in_process(client: HordeClient, key: str) -> None:
     assert (await client.submit(key, job.json()["id"], "done " * 10)).status_code == 200
     refused = await client.create(ANON, models=[MODEL], params={"max_length": 100}, slow_workers=False)
     assert refused.status_code == 403, refused.text
+    invite = await client.http.post("/api/v2/invites", json={}, headers={"apikey": key})
+    assert invite.status_code == 200, invite.text
 
 
 async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
@@ -182,7 +184,7 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
 
 async def _traffic(base: str, db_url: str) -> None:
     """Through the API: two workers pop, requests are admitted (one over the workers' capacity, one
-    refused), jobs complete and one faults, one request stays waiting."""
+    refused), jobs complete and one faults, one request stays waiting; an invite code is made."""
     keys = await make_users(db_url, {"volunteer": 0, "client": 1000})
     worker_key, client_key = keys["volunteer"], keys["client"]
     pop_body = {"models": [MODEL], "max_length": 4096, "max_context_length": 8192}
@@ -227,6 +229,7 @@ async def _traffic(base: str, db_url: str) -> None:
         await submit(first)
         await submit(second, "faulted")
         await submit(third)
+        assert (await http.post("/api/v2/invites", json={"uses": 2})).status_code == 200  # open pages
 
 
 def _panels(dom: str) -> dict[str, str]:
@@ -258,10 +261,12 @@ async def test_the_page_shows_every_panel_in_a_browser(
     assert set(panels) == set(PANELS), sorted(panels)
     assert re.search(r'data-rounds="[1-9]', dom), "the refresh script did not complete a round"
     for name, html in panels.items():
-        assert "data-updated=" in html, f"{name}: not refreshed by the script"
+        assert "data-updated=" in html, f"{name}: not refreshed"
         assert '<tr class="data' in html or re.search(r'<svg[^>]*>.*class="mark', html, re.S), name
-    for name in ("queue", "shadow", "allowance", "candidates"):
+    for name in ("queue", "shadow", "allowance", "candidates", "usage"):
         assert re.search(r'<svg[^>]*>.*class="mark', panels[name], re.S), f"{name}: no chart with data"
+    assert "Output tokens per day" in panels["usage"]
+    assert re.search(r'<tr class="data"><td>client#\d+</td>', panels["usage"]), "usage: no top user"
     assert "dash-alpha" in panels["fleet"]
     assert "dash-beta" in panels["fleet"]
     assert "refused" in panels["allowance"]

@@ -16,6 +16,8 @@ The invariant checked after every step (`reconcile`):
 4. Jobs: a waiting request's jobs not yet handed out plus its live jobs (running or finished, fake
    ones excluded) equal its n; a request's `kudos_spent` equals its charge events (while its
    generations exist).
+5. Usage: the usage history's kudos spent by each user and earned by each owner equal its charge
+   and reward events, long after the requests expire.
 """
 
 from __future__ import annotations
@@ -78,6 +80,20 @@ async def _reconcile(session: AsyncSession) -> None:
     )
     assert abs(events - (grants - len(pairs))) < EPS
     assert abs(users_total - (grants - len(pairs))) < EPS
+    # 5. The usage history is the ledger's, per user, as requester and as worker owner.
+    for column, kind, sign, who in (
+        ("kudos_spent", "charge", -1, "user_id"),
+        ("kudos_earned", "reward", 1, "owner_id"),
+    ):
+        history = dict(await q(f"SELECT {who}, sum({column}) FROM usage_records GROUP BY {who}"))
+        ledger = dict(
+            await q(f"SELECT user_id, sum(amount) FROM kudos_events WHERE kind = '{kind}' GROUP BY user_id")
+        )
+        for user_id in set(history) | set(ledger):
+            assert abs(history.get(user_id, 0.0) - sign * ledger.get(user_id, 0.0)) < EPS * 100, (
+                column,
+                user_id,
+            )
     # 3. Holds.
     requests = {
         rid: (state, processing)

@@ -250,3 +250,47 @@ async def test_shared_key_created_with_put_as_upstream(client: HordeClient) -> N
     assert made.status_code == 200, made.text
     assert (made.json()["name"], made.json()["kudos"]) == ("via put", 7)
     assert (await client.http.put("/api/v2/sharedkeys", json={}, headers={"apikey": ANON})).status_code == 403
+
+
+async def test_records_come_from_the_usage_history_and_outlive_requests(client: HordeClient) -> None:
+    """Upstream's `records`, text only: `usage` (tokens the user's requests got) and `request`
+    (its requests served) as a requester; `contribution` (tokens) and `fulfillment` (jobs) of its
+    workers. Kept after the requests expire, and parsed by horde-sdk's own model."""
+    owner = await client.user("owner")
+    alice = await client.user("alice", kudos=1000)
+    blank = await _me(client, alice)
+    assert blank["records"] == {
+        "usage": {"tokens": 0, "megapixelsteps": 0.0},
+        "contribution": {"tokens": 0, "megapixelsteps": 0.0},
+        "fulfillment": {"text": 0, "image": 0, "interrogation": 0},
+        "request": {"text": 0, "image": 0, "interrogation": 0},
+    }
+    created = await client.create(alice, models=["m"], params={"max_length": 64, "n": 2})
+    assert created.status_code == 202, created.text
+    for out in ("x" * 40, "y" * 20):  # 10 and 5 tokens
+        job = (await client.pop(owner, "w1", models=["m"])).json()
+        assert (await client.submit(owner, job["id"], out)).status_code == 200
+    await client.create(alice, models=["m"], params={"max_length": 64})  # waiting: not served yet
+    client.clock.advance(1300)
+    await client.sweep()
+    alice_id = (await _me(client, alice))["id"]
+    owner_id = (await _me(client, owner))["id"]
+    for path in (f"/api/v2/users/{alice_id}", "/api/v2/find_user"):
+        answer = await client.http.get(path, headers={"apikey": alice})
+        parsed = UserDetailsResponse.model_validate(answer.json())
+        assert parsed.records is not None
+        assert parsed.records.usage is not None
+        assert parsed.records.usage.tokens == 15
+        assert parsed.records.request is not None
+        assert parsed.records.request.text == 1
+        assert answer.json()["records"]["fulfillment"]["text"] == 0
+    shown = (await client.http.get(f"/api/v2/users/{owner_id}")).json()  # public: records are public
+    assert shown["records"]["contribution"]["tokens"] == 15
+    assert shown["records"]["fulfillment"]["text"] == 2
+    assert shown["records"]["usage"]["tokens"] == 0
+    assert shown["contributions"] == {"fulfillments": 2, "tokens": 15, "megapixelsteps": 0.0}
+    listed = (await client.http.get("/api/v2/users")).json()
+    ListUsersDetailsResponse.model_validate(listed)
+    by_name = {u["username"].split("#")[0]: u for u in listed}
+    assert by_name["alice"]["records"]["request"]["text"] == 1
+    assert by_name["owner"]["records"]["fulfillment"]["text"] == 2

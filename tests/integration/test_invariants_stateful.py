@@ -41,7 +41,7 @@ from sqlalchemy import select, update
 
 from horde_lite.accounts import kudos as ledger
 from horde_lite.clock import ManualClock
-from horde_lite.db.models import Generation, TextRequest, User
+from horde_lite.db.models import Generation, TextRequest, UsageRecord, User
 from tests.conftest import is_postgres, make_settings, truncate_pg
 from tests.support.chat import CHAT_BLOCK, MODEL, Chat, open_chat
 from tests.support.horde import ANON, HordeClient
@@ -406,8 +406,8 @@ def test_random_sequences_keep_the_invariants(
 
 async def test_the_checker_sees_planted_faults(client: HordeClient) -> None:
     """The checker is only worth its silence if it can speak: a balance moved outside the ledger, a
-    hold left active on a finished request, a job paid twice and a request handed out beyond its n
-    are each reported."""
+    hold left active on a finished request, a job paid twice, a request handed out beyond its n and
+    usage history that is not its settlements' are each reported."""
     horde = client.horde
     key = await client.user("alice", kudos=1_000)
     owner = await client.user("olga")
@@ -431,8 +431,10 @@ async def test_the_checker_sees_planted_faults(client: HordeClient) -> None:
                 popped_at=now, lease_expires_at=now,
             )
         )  # fmt: skip
+        await session.execute(update(UsageRecord).values(tokens=UsageRecord.tokens + 1))
     found = "\n".join((await check(horde.engine, drained=True)).violations)
     for name in (
+        "usage history == ledger",
         "balance == ledger",
         "no active hold on a finished request",
         "no generation submitted twice",

@@ -20,7 +20,8 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
     app = create_app(make_settings(db_url), ManualClock(), run_sweeper=False)
     guarded: set[str] = set()
     for route in app.routes:
-        if not isinstance(route, HTTPRoute) or not route.path.startswith(("/operator", "/dashboard")):
+        operator_paths = ("/operator", "/dashboard", "/api/v2/invites")
+        if not isinstance(route, HTTPRoute) or not route.path.startswith(operator_paths):
             continue
         if route.path in OPEN or route.path.startswith("/dashboard/static"):
             continue
@@ -29,7 +30,13 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
                 continue
             assert moderator_guard in handler.resolve_guards(), route.path
             guarded.add(route.path)
-    assert guarded == {"/operator/policies", "/dashboard", "/dashboard/panels/{name:str}"}
+    assert guarded == {
+        "/operator/policies", "/dashboard", "/dashboard/panels/{name:str}", "/dashboard/invites",
+        "/dashboard/invites/{invite:str}/revoke", "/api/v2/invites", "/api/v2/invites/{code:str}",
+        "/dashboard/users/create",
+        "/dashboard/users/{user_id:str}/kudos", "/dashboard/users/{user_id:str}/flags",
+        "/dashboard/users/{user_id:str}/delete",
+    }  # fmt: skip
 
 
 async def test_each_route_answers_the_turned_away_as_before(client: HordeClient) -> None:
@@ -79,5 +86,5 @@ async def test_open_operator_pages_open_every_guarded_route(db_url: str) -> None
         make_settings(db_url, http={"open_operator_pages": True}), ManualClock(), run_sweeper=False
     )
     async with AsyncTestClient(app=opened, timeout=30) as http:
-        for path in ("/operator/policies", "/dashboard", "/dashboard/panels/fleet"):
+        for path in ("/operator/policies", "/dashboard", "/dashboard/panels/fleet", "/api/v2/invites"):
             assert (await http.get(path)).status_code == 200, path

@@ -19,6 +19,9 @@ the drain). Each check reads committed rows only, so it must hold between any tw
 - the queue's index holds exactly the waiting requests, each under its models (or "" for any);
 - each request refuses by name (`queue_refusals`) exactly its deny-list's and its failed workers, and
   by owner (`queue_owner_refusals`) exactly the owners whose workers failed it;
+- the usage history is the ledger's: each user's kudos spent in `usage_records` equal its `charge`
+  events and each owner's kudos earned its `reward` events; each worker's jobs and tokens there equal
+  its own counters (what its submits were paid for); a user's requests served never exceed its jobs;
 - after a drain (`drained=True`): every request is final and no job is running.
 
 `copy_matches_the_database` checks the app's in-memory copy of the queue and the fleet against a
@@ -46,7 +49,9 @@ from horde_lite.db.models import (
     QueueRefusal,
     SharedKey,
     TextRequest,
+    UsageRecord,
     User,
+    Worker,
 )
 from horde_lite.queue.mirror import QueueMirror
 from horde_lite.queue.queue_index import TARGET_ENTRIES, TARGET_LENGTH
@@ -134,6 +139,17 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             )
         ).all()
         shared = (await conn.execute(select(SharedKey.key_hash, SharedKey.utilized, SharedKey.kudos))).all()
+        used = (
+            await conn.execute(
+                select(
+                    UsageRecord.user_id, UsageRecord.owner_id, UsageRecord.worker_id, UsageRecord.requests,
+                    UsageRecord.jobs, UsageRecord.tokens, UsageRecord.kudos_spent, UsageRecord.kudos_earned,
+                )
+            )
+        ).all()  # fmt: skip
+        workers = (
+            await conn.execute(select(Worker.id, Worker.completed_jobs, Worker.tokens_generated))
+        ).all()
         await conn.rollback()
 
     found: dict[str, list[str]] = defaultdict(list)
@@ -327,6 +343,52 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
             f"balances sum to {total:.2f}, grants {grants:.2f}, burns {jobs_paid}",
         )
 
+    # --- the usage history is the ledger's -----------------------------------------------------------
+    history_spent: dict[int, float] = defaultdict(float)
+    history_earned: dict[int, float] = defaultdict(float)
+    history_jobs: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    asked: dict[int, list[int]] = defaultdict(lambda: [0, 0])
+    for row in used:
+        history_spent[row.user_id] += row.kudos_spent
+        history_earned[row.owner_id] += row.kudos_earned
+        history_jobs[row.worker_id][0] += row.jobs
+        history_jobs[row.worker_id][1] += row.tokens
+        asked[row.user_id][0] += row.requests
+        asked[row.user_id][1] += row.jobs
+    ledger_spent: dict[int, float] = defaultdict(float)
+    ledger_earned: dict[int, float] = defaultdict(float)
+    ledger_jobs: dict[int, int] = defaultdict(int)
+    for e in events:
+        if e.kind == "charge":
+            ledger_spent[e.user_id] -= e.amount
+            ledger_jobs[e.user_id] += 1
+        elif e.kind == "reward":
+            ledger_earned[e.user_id] += e.amount
+    for u in users:
+        jobs_of = ledger_jobs.get(u.id, 0)
+        slack = TOLERANCE * (1 + jobs_of)
+        spent_here, charged = history_spent.get(u.id, 0.0), ledger_spent.get(u.id, 0.0)
+        if not _close(spent_here, charged, slack):
+            bad(
+                "usage history == ledger",
+                f"user {u.username}: history spent {spent_here!r}, charged {charged!r}",
+            )
+        earned_here, rewarded = history_earned.get(u.id, 0.0), ledger_earned.get(u.id, 0.0)
+        if not _close(earned_here, rewarded, slack):
+            bad(
+                "usage history == ledger",
+                f"user {u.username}: history earned {earned_here!r}, rewarded {rewarded!r}",
+            )
+        served, jobs_asked = asked.get(u.id, [0, 0])
+        if jobs_asked != jobs_of or served > jobs_asked or (jobs_asked > 0) != (served > 0):
+            counts = f"{served} requests and {jobs_asked} jobs in the history, {jobs_of} charges"
+            bad("usage history == ledger", f"user {u.username}: {counts}")
+    for w in workers:
+        kept = tuple(history_jobs.get(w.id, [0, 0]))
+        if kept != (w.completed_jobs, w.tokens_generated):
+            bad("usage history == ledger", f"worker {w.id}: history (jobs, tokens) {kept}, "
+                f"counters {(w.completed_jobs, w.tokens_generated)}")  # fmt: skip
+
     report = Report()
     for invariant, lines in found.items():
         report.violations.extend(f"{invariant}: {line}" for line in lines[:limit])
@@ -350,6 +412,7 @@ async def check(engine: AsyncEngine, *, drained: bool = False, limit: int = 20) 
         "kudos burned": jobs_paid,
         "kudos granted": round(grants, 2),
         "active holds": sum(1 for h in holds if h.active),
+        "usage rows": len(used),
     }
     return report
 

@@ -11,7 +11,8 @@ from sqlalchemy import insert, text
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 from horde_lite.db.migrate import _commands
-from horde_lite.db.models import AdmissionRecord, TextRequest, User
+from horde_lite.db.models import AdmissionRecord, TextRequest
+from tests.unit.test_queue_entries_migration import users_insert
 
 BEFORE = "0007_requests_waited_on"
 
@@ -39,23 +40,15 @@ def _record(request_id: str, allowance: int, outcome: str) -> dict[str, object]:
             "allowance_curve": "estimated_wait"}  # fmt: skip
 
 
+ROW = {"id": 1, "username": "u", "api_key_hash": "h", "kudos": 0.0, "trusted": False, "moderator": False,
+       "anonymous": False, "created_at": 0.0}  # fmt: skip
+
+
 async def _seed(url: str) -> None:
     engine = make_engine(url, null_pool=True)
     try:
         async with engine.begin() as conn:
-            await conn.execute(
-                insert(User.__table__),
-                {
-                    "id": 1,
-                    "username": "u",
-                    "api_key_hash": "h",
-                    "kudos": 0.0,
-                    "trusted": False,
-                    "moderator": False,
-                    "anonymous": False,
-                    "created_at": 0.0,
-                },
-            )
+            await conn.execute(users_insert(ROW), ROW)
             await conn.execute(insert(TextRequest.__table__), [_request("a"), _request("b"), _request("c")])
             await conn.execute(
                 insert(AdmissionRecord.__table__),

@@ -23,7 +23,7 @@ from horde_lite import cli
 from horde_lite.accounts.users import hash_key
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine, make_sessionmaker
-from horde_lite.db.models import KudosEvent, User, Worker
+from horde_lite.db.models import InviteCode, KudosEvent, User, Worker
 from horde_lite.settings import masked
 from tests.support.cli import point_settings_at, query
 
@@ -89,6 +89,34 @@ def test_users_create_refuses_a_taken_name(run: Any, db_url: str) -> None:
     assert again.exit_code != 0
     assert "already exists" in again.output
     assert len(query(db_url, select(User.id).where(User.username == "dave"))) == 1
+
+
+def test_invites_create_list_and_revoke(run: Any, db_url: str) -> None:
+    made = run(cli.invites, "create", "--uses", "3", "--days", "0")
+    assert made.exit_code == 0, made.output
+    code = made.output.strip().splitlines()[-1]
+    assert len(code) == 22
+    assert "never expires" in made.output
+    [(stored_hash, uses, expires)] = query(
+        db_url, select(InviteCode.code_hash, InviteCode.uses, InviteCode.expires_at)
+    )
+    assert (stored_hash, uses, expires) == (hash_key(code), 3, None)
+    assert code not in run(cli.invites, "list").output  # listed by its first characters only
+    assert code[:4] in run(cli.invites, "list").output
+    second = run(cli.invites, "create").output.strip().splitlines()[-1]
+    listed = json.loads(run(cli.invites, "list", "--json").stdout)
+    assert [(i["id"], i["state"], i["uses_left"]) for i in listed] == [(2, "active", 1), (1, "active", 3)]
+    assert all(i["code"] is None for i in listed)
+
+    assert run(cli.invites, "revoke", code).exit_code == 0  # by the code
+    assert run(cli.invites, "revoke", "2").exit_code == 0  # by the id a listing shows
+    listed = json.loads(run(cli.invites, "list", "--json").stdout)
+    assert [i["state"] for i in listed] == ["revoked", "revoked"]
+    assert second not in run(cli.invites, "list").output
+    for bad in (("revoke", "nope"), ("create", "--uses", "0"), ("create", "--days", "-1")):
+        refused = run(cli.invites, *bad)
+        assert refused.exit_code != 0, bad
+    assert len(query(db_url, select(InviteCode.id))) == 2
 
 
 def test_users_kudos_sets_and_adds_through_the_ledger(run: Any, db_url: str) -> None:

@@ -15,10 +15,10 @@ from horde_lite.db import migrate
 from horde_lite.db.bounds import BOUNDED_MARK, BOUNDS
 from horde_lite.db.engine import make_engine
 from horde_lite.db.migrate import _commands
-from horde_lite.db.models import TextRequest, User
+from horde_lite.db.models import TextRequest
 from horde_lite.settings import KUDOS_LIMIT
 from tests.conftest import is_postgres
-from tests.unit.test_queue_entries_migration import _USER, _request, _sql
+from tests.unit.test_queue_entries_migration import _USER, _request, _sql, users_insert
 
 REVISION = "0019_request_prices"
 
@@ -49,7 +49,7 @@ async def _seed(url: str) -> None:
     engine = make_engine(url, null_pool=True)
     try:
         async with engine.begin() as conn:
-            await conn.execute(insert(User.__table__), {**_USER, "kudos": math.inf})
+            await conn.execute(users_insert(_USER), {**_USER, "kudos": math.inf})
             named = {**_request("named", left=1, models=["x-12B"]), "max_length": 100, "prompt": "p" * 40}
             # Only the columns the schema before this migration has, with the model's defaults.
             columns = [c for c in TextRequest.__table__.c if c.name not in ("job_price", "price_context")]

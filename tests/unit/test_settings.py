@@ -24,6 +24,8 @@ CONTRACT: dict[str, dict[str, object]] = {
         "sweep_seconds": 5,
     },
     "speed": {"assumed_tokens_per_second": 10, "samples": 20},
+    "ratelimit": {"create_per_minute": 60, "status_per_minute": 600, "register_per_hour": 10},
+    "accounts": {"registration": "closed"},
     "worker": {"online_seconds": 300},
     "request": {"expiry_seconds": 1200, "max_length_limit": 16384},
     "chat": {"grace_seconds": 60, "max_queue_wait_seconds": 300, "default_max_tokens": 512},
@@ -161,6 +163,8 @@ def test_missing_named_file_is_an_error(elsewhere: Path) -> None:
         ('[kudos.models]\nm = "big"\n', "[kudos] models"),
         ('[policies.speed_gate]\nnme = "off"\n', "nme"),
         ("[lease\n", "not valid TOML"),
+        ('[accounts]\nregistration = "anyone"\n', "[accounts] registration"),
+        ("[ratelimit]\nregister_per_hour = -1\n", "[ratelimit] limits must be >= 0"),
     ],
 )
 def test_bad_file_names_the_key(elsewhere: Path, text: str, names: str) -> None:
@@ -177,6 +181,7 @@ def test_bad_file_names_the_key(elsewhere: Path, text: str, names: str) -> None:
         ({"HORDE_LITE_LEASES__BASE_SECONDS": "1"}, "HORDE_LITE_LEASES"),
         ({"HORDE_LITE_LEASE__BASE_SECONDS": "soon"}, "[lease] base_seconds"),
         ({"HORDE_LITE_SPEED__SAMPLES": "[1, 2]"}, "[speed] samples"),
+        ({"HORDE_LITE_ACCOUNTS__REGISTRATION": "Open"}, "[accounts] registration"),
         # The change log notes a check-in that jumps by more than 5 s: no worker may go offline sooner.
         ({"HORDE_LITE_WORKER__ONLINE_SECONDS": "20"}, "[worker] online_seconds must be > 20"),
     ],
@@ -292,3 +297,8 @@ def test_the_default_database_does_not_depend_on_the_current_directory(
         monkeypatch.chdir(tmp_path / place)
         urls.add(load_settings(environ={}).database.url)
     assert urls == {f"sqlite+aiosqlite:///{tmp_path / 'data' / 'horde-lite' / 'horde_lite.db'}"}
+
+
+def test_the_registration_mode_is_read_from_the_environment(elsewhere: Path) -> None:
+    settings = load_settings(environ={"HORDE_LITE_ACCOUNTS__REGISTRATION": "invite"})
+    assert settings.accounts.registration == "invite"

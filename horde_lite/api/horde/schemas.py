@@ -17,14 +17,18 @@ from msgspec import UNSET, UnsetType
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
     CreateTeamInput,
+    InviteInput,
+    KudosAwardInput,
     KudosTransferInput,
     ModifyTeamInput,
     PopInput,
     ProgressInput,
+    RegisterInput,
     SharedKeyInput,
     SharedKeyPatch,
     SubmitInput,
     TextRequestInput,
+    UserCreate,
     UserUpdate,
     WorkerUpdate,
 )
@@ -364,8 +368,19 @@ class UserAmountRecords(msgspec.Struct, kw_only=True):
 
 
 class UserRecords(msgspec.Struct, kw_only=True):
-    contribution: UserThingRecords
-    fulfillment: UserAmountRecords
+    """Upstream's records, text only, from the usage history kept (docs/reference/usage.md)."""
+
+    usage: UserThingRecords  # tokens the user's requests were given
+    contribution: UserThingRecords  # tokens the user's workers generated
+    fulfillment: UserAmountRecords  # jobs the user's workers finished
+    request: UserAmountRecords  # requests of the user's that were served
+
+
+class MonthlyKudos(msgspec.Struct, kw_only=True):
+    """Upstream's MonthlyKudos: what the user receives each UTC calendar month."""
+
+    amount: int
+    last_received: str | None  # ISO 8601, UTC; null never
 
 
 class UserDetails(msgspec.Struct, kw_only=True):
@@ -379,8 +394,20 @@ class UserDetails(msgspec.Struct, kw_only=True):
     account_age: int  # seconds
     contributions: ContributionsDetails
     records: UserRecords
+    worker_ids: list[str] | UnsetType = UNSET  # the user's own key, a moderator, or public_workers
+    sharedkey_ids: list[str] | UnsetType = UNSET  # the user's own key or a moderator; hashes, not keys
+    worker_invited: int = 0  # workers the user may hold beyond the default limit (0: the default)
+    contact: str | UnsetType = UNSET  # the user's own key or a moderator
+    admin_comment: str | UnsetType = UNSET  # moderators only
     worker_ids: list[str] | UnsetType = UNSET  # the user's own key, or a moderator
     sharedkey_ids: list[str] | UnsetType = UNSET  # the same; each key's hash, not the key
+    # The user's limits in force (docs/reference/keys.md), to the user and moderators: upstream's
+    # concurrency and monthly_kudos, horde_lite's others (-1 none; [] any model).
+    concurrency: int | UnsetType = UNSET
+    monthly_kudos: MonthlyKudos | UnsetType = UNSET
+    allowed_models: list[str] | UnsetType = UNSET
+    requests_per_minute: int | UnsetType = UNSET
+    tokens_per_day: int | UnsetType = UNSET
 
 
 class ModifyUser(msgspec.Struct, kw_only=True):
@@ -389,10 +416,42 @@ class ModifyUser(msgspec.Struct, kw_only=True):
     new_kudos: float | UnsetType = UNSET
     trusted: bool | UnsetType = UNSET
     moderator: bool | UnsetType = UNSET
+    username: str | UnsetType = UNSET  # the new "name#id"
+    contact: str | UnsetType = UNSET
+    admin_comment: str | UnsetType = UNSET
+    public_workers: bool | UnsetType = UNSET
+    worker_invited: int | UnsetType = UNSET
+
+
+class CreatedUser(msgspec.Struct, kw_only=True):
+    """POST /users (horde_lite's own route): the new user and its key, shown this once."""
+
+    id: int
+    username: str  # "name#id"
+    api_key: str
+
+
+class DeletedUserAnswer(msgspec.Struct, kw_only=True):
+    """DELETE /users/{id}: upstream's SimpleResponse, with what went with the user."""
+
+    message: str
+    deleted_username: str  # as it was: "name#id"
+    kudos: float  # the balance the deleted row keeps
+    workers_deleted: int
+    sharedkeys_removed: int
+    concurrency: int | UnsetType = UNSET
+    monthly_kudos: int | UnsetType = UNSET  # the new monthly amount
+    allowed_models: list[str] | UnsetType = UNSET
+    requests_per_minute: int | UnsetType = UNSET
+    tokens_per_day: int | UnsetType = UNSET
 
 
 class KudosTransferred(msgspec.Struct, kw_only=True):
     transferred: float
+
+
+class KudosAwarded(msgspec.Struct, kw_only=True):
+    awarded: float
 
 
 class SharedKeyDetails(msgspec.Struct, kw_only=True):
@@ -403,7 +462,39 @@ class SharedKeyDetails(msgspec.Struct, kw_only=True):
     utilized: float
     expiry: float | None  # epoch seconds; null never
     max_text_tokens: int  # -1 no cap
+    allowed_models: list[str]  # [] any model
+    concurrency: int  # requests waiting or running at once; -1 no limit
+    requests_per_minute: int  # -1 no limit
+    tokens_per_day: int  # output tokens reserved per UTC day; -1 no limit
+    monthly_kudos: float  # `kudos` is reset to this each UTC calendar month; -1 never
 
 
 class SimpleResponse(msgspec.Struct, kw_only=True):
     message: str
+
+
+# --- registration, keys and invite codes (horde_lite's own: upstream registers through OAuth pages)
+
+
+class UserKeyDetails(msgspec.Struct, kw_only=True):
+    """A user and its new API key: shown in this answer only (only its hash is stored)."""
+
+    id: int
+    username: str  # "name#id"
+    api_key: str
+
+
+class InviteDetails(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """An invite code. `code` is in the answer that made it only; listings show `hint`, its first
+    characters, and `id`, which a revocation also takes."""
+
+    id: int
+    hint: str
+    uses: int
+    uses_left: int
+    state: Literal["active", "used up", "expired", "revoked"]  # accounts.invites.InviteState
+    expires_at: float | None  # epoch seconds; null: never
+    created_by: str | None  # "name#id"; null: the CLI or open operator pages
+    created_at: float
+    revoked_at: float | None
+    code: str | UnsetType = UNSET

@@ -1,6 +1,6 @@
 // Live refresh: every few seconds, re-fetch each panel's HTML fragment from
-// /dashboard/panels/<name> and swap it in. A lost session (401/403) reloads the page, which then
-// shows the sign-in form. No framework, no build step.
+// /dashboard/panels/<name> and swap it in (not while a form in it is being filled in). A lost
+// session (401/403) reloads the page, which then shows the sign-in form. No framework, no build step.
 (function () {
   "use strict";
   const grid = document.querySelector("main.grid");
@@ -15,9 +15,21 @@
     state.className = "state " + cls;
   }
 
+  // A panel holding a form being filled in (focused, or typed into) is left as it is this round.
+  function editing(panel) {
+    if (panel.contains(document.activeElement) && document.activeElement !== document.body) return true;
+    return Array.from(panel.querySelectorAll("input")).some(
+      (input) => input.type !== "hidden" && input.type !== "checkbox" && input.value !== input.defaultValue
+    );
+  }
+
   async function refresh(panel) {
     const name = panel.dataset.panel;
-    const response = await fetch("/dashboard/panels/" + encodeURIComponent(name), {
+    if (editing(panel)) return true;
+    // The page's search (?q=) applies to the panels that have a search box.
+    const search = new URLSearchParams(window.location.search).get("q");
+    const query = search ? "?q=" + encodeURIComponent(search) : "";
+    const response = await fetch("/dashboard/panels/" + encodeURIComponent(name) + query, {
       credentials: "same-origin",
       cache: "no-store",
       headers: { Accept: "text/html" },
@@ -27,7 +39,9 @@
       return false;
     }
     if (!response.ok) throw new Error(name + ": HTTP " + response.status);
-    panel.querySelector(".body").innerHTML = await response.text();
+    const html = await response.text();
+    if (editing(panel)) return true; // a form was started while the fragment was on its way
+    panel.querySelector(".body").innerHTML = html;
     panel.dataset.updated = String(Date.now());
     panel.classList.add("updated");
     return true;

@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0025_teams"
-down_revision = "0020_queue_kept_by_triggers"
+down_revision = "0024_key_limits"
 branch_labels = None
 depends_on = None
 
