@@ -1,7 +1,8 @@
 """Teams (upstream's): a name under which workers pool their figures. Trusted users and moderators
 create them (upstream's rule), up to `[teams] max_per_user` each; the creator or a moderator changes
 or deletes one; a worker's owner joins it to any team (PUT /workers/{id} `team`, accounts/workers.py).
-A team's figures are its live workers' (`team_stats`), so a worker that leaves takes its own along;
+A team's figures are its live workers' usage history (`team_stats`), so a worker that leaves takes
+its own along;
 a deleted team's workers leave it, and a deleted worker leaves its team."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import uuid
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 
-from sqlalchemy import bindparam, case, delete, func, select, update
+from sqlalchemy import bindparam, case, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -21,6 +22,7 @@ from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Team, User, Worker
 from horde_lite.inputs import CreateTeamInput, ModifyTeamInput
+from horde_lite.operators import usage
 from horde_lite.rc import Rc
 
 SHORTEST_NAME = 3  # upstream's
@@ -41,28 +43,28 @@ NO_STATS = TeamStats(contributions=0, requests_fulfilled=0, kudos=0.0, uptime=0)
 _UPTIME = case(
     (Worker.last_check_in > Worker.created_at, Worker.last_check_in - Worker.created_at), else_=0.0
 )
-_STATS = (
-    select(
-        Worker.team_id,
-        func.sum(Worker.tokens_generated),
-        func.sum(Worker.completed_jobs),
-        func.sum(Worker.kudos_earned),
-        func.sum(_UPTIME),
-    )
-    .where(Worker.team_id.in_(bindparam("team_ids", expanding=True)), Worker.deleted_at.is_(None))
-    .group_by(Worker.team_id)
+_MEMBERS = select(Worker.team_id, Worker.id, _UPTIME).where(
+    Worker.team_id.in_(bindparam("team_ids", expanding=True)), Worker.deleted_at.is_(None)
 )
 
 
 async def team_stats(session: AsyncSession, team_ids: list[str]) -> dict[str, TeamStats]:
-    """Each team's figures, from its workers' own counters (one statement for any number of teams;
-    a team without workers is absent: NO_STATS)."""
+    """Each team's figures: its live workers' work from the usage history, and their uptime (two
+    statements for any number of teams; a team without workers is absent: NO_STATS)."""
     if not team_ids:
         return {}
-    rows = await session.execute(_STATS, {"team_ids": team_ids})
+    members = (await session.execute(_MEMBERS, {"team_ids": team_ids})).all()
+    done = await usage.worker_totals(session, [worker_id for _, worker_id, _ in members])
+    sums: dict[str, list[float]] = defaultdict(lambda: [0, 0, 0.0, 0.0])
+    for team_id, worker_id, uptime in members:
+        figures, worker = sums[team_id], done.get(worker_id, usage.Totals())
+        figures[0] += worker.tokens
+        figures[1] += worker.jobs
+        figures[2] += worker.kudos_earned
+        figures[3] += float(uptime or 0)
     return {
-        team_id: TeamStats(int(tokens or 0), int(jobs or 0), round(float(kudos or 0), 2), int(uptime or 0))
-        for team_id, tokens, jobs, kudos, uptime in rows
+        team_id: TeamStats(int(tokens), int(jobs), round(kudos, 2), int(uptime))
+        for team_id, (tokens, jobs, kudos, uptime) in sums.items()
     }
 
 
