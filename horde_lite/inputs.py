@@ -191,7 +191,35 @@ class WorkerUpdate(_In):
     paused: bool | None = None
     info: Annotated[str, msgspec.Meta(max_length=1000)] | None = None
     name: Annotated[str, msgspec.Meta(min_length=1, max_length=100)] | None = None
-    team: Annotated[str, msgspec.Meta(max_length=36)] | None = None  # horde_lite has no teams: "" only
+    team: Annotated[str, msgspec.Meta(max_length=36)] | None = None  # a team's id; "" leaves the team
+
+
+# A team's name: the worker name rule (accounts/workers.py clean_name), at least upstream's 3
+# characters; the schema promises the normalized form with at least 3 characters that are not spaces.
+_TEAM_NAME_CHARACTER = f"[{NAME_CHARACTERS.replace(' ', '')}]"
+TeamName = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=3,
+        max_length=100,
+        extra_json_schema={"pattern": f"^ *{_TEAM_NAME_CHARACTER}(?: *{_TEAM_NAME_CHARACTER}){{2,}} *$"},
+    ),
+]
+TeamInfo = Annotated[str, msgspec.Meta(max_length=1000)]
+
+
+class CreateTeamInput(_In):
+    """POST /teams (upstream's CreateTeamInput)."""
+
+    name: TeamName
+    info: TeamInfo | None = None
+
+
+class ModifyTeamInput(_In):
+    """PATCH /teams/{id} (upstream's ModifyTeamInput): only the fields sent change; info "" clears."""
+
+    name: TeamName | None = None
+    info: TeamInfo | None = None
 
 
 # A shared key's budget (-1: unlimited) and lifetime in days (-1: never expires), bounded so that

@@ -33,6 +33,12 @@ class Rc(StrEnum):
     KudosTransferNotEnough = "KudosTransferNotEnough", 400
     InvalidTargetUsername = "InvalidTargetUsername", 400
     KudosLimit = "KudosLimit", 400
+    # Teams (upstream's codes; TooManyTeams is horde_lite's, as TooManyWorkers).
+    TeamNameAlreadyExists = "TeamNameAlreadyExists", 400
+    NoTeamModSelected = "NoTeamModSelected", 400
+    UntrustedTeamCreation = "UntrustedTeamCreation", 403
+    NotOwner = "NotOwner", 403
+    TooManyTeams = "TooManyTeams", 403
     # A new user's name (upstream's codes; an empty or hostile name is a BadRequest).
     TooLongUserName = "TooLongUserName", 400
     NameAlreadyExists = "NameAlreadyExists", 400

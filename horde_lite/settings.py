@@ -153,6 +153,16 @@ class SharedKeySettings(_Table):
             raise ValueError("[sharedkeys] limits must be >= 0 (0 turns a limit off)")
 
 
+class TeamSettings(_Table):
+    # Teams one user may create (only trusted users and moderators can; 0 = no limit): each is a
+    # name taken from everyone else.
+    max_per_user: int = 3
+
+    def __post_init__(self) -> None:
+        if self.max_per_user < 0:
+            raise ValueError("[teams] max_per_user must be >= 0 (0 turns the limit off)")
+
+
 class LimitSettings(_Table):
     """The limits of a registered user a moderator has not set (accounts/limits.py); -1: none. The
     anonymous user has only what a moderator sets on it: it is everyone without a key."""
@@ -321,6 +331,7 @@ class Settings(_Table):
     worker: WorkerSettings = msgspec.field(default_factory=WorkerSettings)
     request: RequestSettings = msgspec.field(default_factory=RequestSettings)
     sharedkeys: SharedKeySettings = msgspec.field(default_factory=SharedKeySettings)
+    teams: TeamSettings = msgspec.field(default_factory=TeamSettings)
     limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     allowance: AllowanceSettings = msgspec.field(default_factory=AllowanceSettings)

@@ -1,6 +1,6 @@
 """What one user can do to the others is bounded by the user, never by the names it picks: its
-workers' failures put all its workers in maintenance for a cool-down, and the workers and shared
-keys it may hold are counted (docs/reference/horde_api.md, "Owners, not names")."""
+workers' failures put all its workers in maintenance for a cool-down, and the workers, shared
+keys and teams it may hold are counted (docs/reference/horde_api.md, "Owners, not names")."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.core.errors import HordeError
-from horde_lite.db.models import SharedKey, User, Worker
+from horde_lite.db.models import SharedKey, Team, User, Worker
 from horde_lite.rc import Rc
 from horde_lite.settings import Settings
 
@@ -118,6 +118,7 @@ _LIVE_WORKERS = select(func.count(Worker.id)).where(
     Worker.owner_id == bindparam("owner_id"), Worker.deleted_at.is_(None)
 )
 _SHARED_KEYS = select(func.count(SharedKey.key_hash)).where(SharedKey.user_id == bindparam("owner_id"))
+_TEAMS = select(func.count(Team.id)).where(Team.owner_id == bindparam("owner_id"))
 
 
 async def room_for_a_worker(session: AsyncSession, settings: Settings, owner: User) -> None:
@@ -150,4 +151,20 @@ async def room_for_a_shared_key(session: AsyncSession, settings: Settings, owner
         raise HordeError(
             Rc.TooManySharedKeys,
             f"This user already has {count} shared keys (limit {limit}); delete one first.",
+        )
+
+
+async def room_for_a_team(session: AsyncSession, settings: Settings, owner: User) -> None:
+    """Before a team is created: the teams the owner created must be under `[teams] max_per_user`
+    (only trusted users and moderators create teams: one limit)."""
+    limit = settings.teams.max_per_user
+    if limit <= 0:
+        return
+    await lock_user(session, owner)
+    count = (await session.execute(_TEAMS, {"owner_id": owner.id})).scalar_one()
+    if count >= limit:
+        raise HordeError(
+            Rc.TooManyTeams,
+            f"This user already created {count} teams (limit {limit}); delete one "
+            "(DELETE /api/v2/teams/{id}) first.",
         )

@@ -1,5 +1,5 @@
 """Workers: check-in (every pop), names, measured lease speed and capacity, the public records,
-maintenance, pause, info, rename and deletion."""
+maintenance, pause, info, rename, team and deletion."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from horde_lite.accounts.users import authenticate_user, hash_key, is_anonymous_
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
-from horde_lite.db.models import User, Worker, WorkerModel
+from horde_lite.db.models import Team, User, Worker, WorkerModel
 from horde_lite.inputs import NAME_CHARACTERS, PopInput, WorkerUpdate
 from horde_lite.rc import Rc
 from horde_lite.settings import Settings
@@ -45,14 +45,20 @@ def worker_name_key(name: str) -> str:
     return unicodedata.normalize("NFKC", _spaced(name).casefold())[:100]
 
 
+def clean_name(name: str, what: str = "worker", shortest: int = 1) -> str:
+    """A new worker or team name as stored, or BadRequest if it breaks the name rule (the same
+    for both, so neither can pose as another by a homoglyph)."""
+    spaced = _spaced(name)
+    if not shortest <= len(spaced) <= 100:
+        raise HordeError(Rc.BadRequest, f"A {what} name must be {shortest} to 100 characters after trimming.")
+    if not _NAME_CHARS.fullmatch(spaced):
+        raise HordeError(Rc.BadRequest, f"A {what} name may use only {NAME_RULE}; {name[:100]!r} does not.")
+    return spaced
+
+
 def clean_worker_name(name: str) -> str:
     """A new name (first pop, rename) as stored, or BadRequest if it breaks the name rule."""
-    spaced = _spaced(name)
-    if not 1 <= len(spaced) <= 100:
-        raise HordeError(Rc.BadRequest, "A worker name must be 1 to 100 characters after trimming.")
-    if not _NAME_CHARS.fullmatch(spaced):
-        raise HordeError(Rc.BadRequest, f"A worker name may use only {NAME_RULE}; {name!r} does not.")
-    return spaced
+    return clean_name(name)
 
 
 def effective_speed(lease_speed: float | None, settings: Settings) -> float:
@@ -281,6 +287,7 @@ class WorkerRecord:
     online: bool
     speed: float  # the measured lease speed, or the assumed one while unmeasured
     assumed_speed: float
+    team_name: str | None  # its team's (worker.team_id), None without one
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,13 +307,18 @@ class DeletedWorker:
     name: str
 
 
-def _record(worker: Worker, settings: Settings, now: float) -> WorkerRecord:
+def _record(worker: Worker, team_name: str | None, settings: Settings, now: float) -> WorkerRecord:
     return WorkerRecord(
         worker=worker,
         online=worker.last_check_in >= now - settings.worker.online_seconds,
         speed=effective_speed(worker.lease_speed, settings),
         assumed_speed=settings.speed.assumed_tokens_per_second,
+        team_name=team_name,
     )
+
+
+# Workers with their team's name (None without one).
+_WITH_TEAM = select(Worker, Team.name).outerjoin(Team, Team.id == Worker.team_id)
 
 
 async def _live_worker(session: AsyncSession, worker_id: str, *, lock: bool = False) -> Worker:
@@ -326,30 +338,37 @@ async def list_workers(
     if kind not in (None, "text", "all"):
         return []  # horde_lite serves text only
     now = horde.clock.now()
-    query = select(Worker).where(Worker.last_check_in >= now - horde.settings.worker.online_seconds)
+    query = _WITH_TEAM.where(Worker.last_check_in >= now - horde.settings.worker.online_seconds)
     query = query.where(Worker.deleted_at.is_(None))
     if name is not None:
         query = query.where(Worker.name_key == worker_name_key(name))
     async with horde.reading() as session:
-        rows = (await session.execute(query.order_by(Worker.name))).scalars().all()
-    return [_record(w, horde.settings, now) for w in rows]
+        rows = (await session.execute(query.order_by(Worker.name))).tuples().all()
+    return [_record(w, team_name, horde.settings, now) for w, team_name in rows]
 
 
 async def worker_by_id(horde: Horde, worker_id: str) -> WorkerRecord:
     """One worker, online or not (GET /workers/{id})."""
     async with horde.reading() as session:
         worker = await _live_worker(session, worker_id)
-    return _record(worker, horde.settings, horde.clock.now())
+        team_name = await _team_name(session, worker)
+    return _record(worker, team_name, horde.settings, horde.clock.now())
 
 
 async def worker_by_name(horde: Horde, name: str) -> WorkerRecord:
     """One worker by name, compared by its key (GET /workers/name/{name})."""
     async with horde.reading() as session:
-        query = select(Worker).where(Worker.name_key == worker_name_key(name))
-        worker = (await session.execute(query)).scalar_one_or_none()
-    if worker is None:
+        query = _WITH_TEAM.where(Worker.name_key == worker_name_key(name))
+        found = (await session.execute(query)).tuples().one_or_none()
+    if found is None:
         raise HordeError(Rc.WorkerNotFound, f"No worker named {name[:100]!r}.")
-    return _record(worker, horde.settings, horde.clock.now())
+    return _record(found[0], found[1], horde.settings, horde.clock.now())
+
+
+async def _team_name(session: AsyncSession, worker: Worker) -> str | None:
+    if worker.team_id is None:
+        return None
+    return (await session.execute(select(Team.name).where(Team.id == worker.team_id))).scalar_one_or_none()
 
 
 def _owner_or_moderator(actor: User, worker: Worker, what: str) -> None:
@@ -393,9 +412,19 @@ async def _lifting(session: AsyncSession, actor: User, worker: Worker, now: floa
     owner.failure_cooldown_until = 0.0
 
 
+async def _team_to_join(session: AsyncSession, worker: Worker, team_id: str) -> Team | None:
+    """The team a worker joins ("": none). Read FOR SHARE, so a deletion of it running meanwhile
+    either waits for this join (and then takes the worker out) or ends first (TeamNotFound)."""
+    from horde_lite.accounts import teams  # teams imports this module
+
+    if not team_id:
+        return None
+    return await teams.find_team(session, team_id, share=team_id != worker.team_id)
+
+
 async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: WorkerUpdate) -> WorkerChange:
     """PUT /workers/{id}. Maintenance, info, name and team: the owner or a moderator; paused:
-    moderators only. Every permission is checked before anything changes."""
+    moderators only. Every permission is checked, and the team found, before anything changes."""
     wants_maintenance = body.maintenance is not None or body.maintenance_msg is not None
     if not (wants_maintenance or body.paused is not None or body.info is not None or body.name is not None
             or body.team is not None):  # fmt: skip
@@ -407,8 +436,7 @@ async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: Work
             _owner_or_moderator(actor, worker, "change its maintenance, info, name or team")
         if body.paused is not None and not actor.moderator:
             raise HordeError(Rc.NotModerator, "Only a moderator can pause a worker.")
-        if body.team:
-            raise HordeError(Rc.TeamNotFound, 'horde_lite has no teams; send team "" or leave it out.')
+        team = await _team_to_join(session, worker, body.team) if body.team is not None else None
         if body.maintenance is False and worker.maintenance:
             await _lifting(session, actor, worker, horde.clock.now())
         if body.maintenance is not None:
@@ -419,6 +447,8 @@ async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: Work
             worker.paused = body.paused
         if body.info is not None:
             worker.info = body.info
+        if body.team is not None:
+            worker.team_id = team.id if team is not None else None
         name = await _rename(session, worker, body.name) if body.name is not None else None
         await session.flush()
         return WorkerChange(
@@ -426,15 +456,16 @@ async def modify_worker(horde: Horde, caller: Caller, worker_id: str, body: Work
             paused=worker.paused if body.paused is not None else None,
             info=worker.info if body.info is not None else None,
             name=name,
-            team="None" if body.team is not None else None,  # upstream's answer for "no team"
+            # Upstream's answer: the team's name, or "None" for no team.
+            team=(team.name if team is not None else "None") if body.team is not None else None,
         )
 
 
 def retired(now: float) -> dict[str, Any]:
     """What deleting a worker sets (DELETE /workers/{id}, and a deleted user's workers): marked
-    deleted, its name free, and offline at once for every reader (each one's online test is the
-    last check-in's age), so it never counts as capacity, capable or eligible."""
-    return {"deleted_at": now, "name_key": None, "last_check_in": 0.0}
+    deleted, its name free, out of its team, and offline at once for every reader (each one's online
+    test is the last check-in's age), so it never counts as capacity, capable or eligible."""
+    return {"deleted_at": now, "name_key": None, "last_check_in": 0.0, "team_id": None}
 
 
 async def delete_worker(horde: Horde, caller: Caller, worker_id: str) -> DeletedWorker:

@@ -24,6 +24,7 @@ from litestar import Litestar
 from litestar.openapi.spec import Discriminator, OpenAPIType, Reference, Schema
 from litestar.routes import HTTPRoute
 
+from horde_lite.accounts.limits import USER_LIMIT_FIELDS
 from horde_lite.api.body_rules import INT64_MAX, INT64_MIN
 
 REF = "#/components/schemas/{name}"
@@ -76,8 +77,10 @@ AT_LEAST: dict[str, list[Schema]] = {
                     "admin_comment",
                     "public_workers",
                     "worker_invited",
+                    *USER_LIMIT_FIELDS,
                 ),
             ),
+            ("ModifyTeamInput", ("name", "info")),
         )
     },
 }

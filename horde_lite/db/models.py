@@ -158,6 +158,20 @@ class KudosHold(Base):
     reserves_user: Mapped[bool] = mapped_column(Boolean, default=True, server_default=true())
 
 
+class Team(Base):
+    """A group's workers pooled under one name (upstream's teams); its figures are its workers'."""
+
+    __tablename__ = "teams"
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    name: Mapped[str] = mapped_column(String(100))
+    # The name as compared, as a worker's (accounts/workers.py worker_name_key): unique.
+    name_key: Mapped[str] = mapped_column(String(100), unique=True)
+    info: Mapped[str] = mapped_column(String(1000), default="", server_default="")
+    owner_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+
+
 class Worker(Base):
     __tablename__ = "workers"
     __table_args__ = (
@@ -207,6 +221,10 @@ class Worker(Base):
     faulted_jobs: Mapped[int] = mapped_column(Integer, default=0)
     tokens_generated: Mapped[int] = mapped_column(BigInteger, default=0)
     kudos_earned: Mapped[float] = mapped_column(Float, default=0.0)
+    # The team its owner joined it to. Deleting a team takes its workers out first
+    # (accounts/teams.py): SQLite adds a column's foreign key only inline, whose ON DELETE action
+    # its reflection cannot read back, so the key declares none and refuses a dangling reference.
+    team_id: Mapped[str | None] = mapped_column(ForeignKey("teams.id"), nullable=True, index=True)
 
 
 class WorkerModel(Base):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from litestar import Router
 
 from horde_lite.api.errors import HORDE_HANDLERS
-from horde_lite.api.horde import generate, kudos, progress, register, stats, status, users, workers
+from horde_lite.api.horde import generate, kudos, progress, register, stats, status, teams, users, workers
 from horde_lite.api.strict_body import StrictBody
 
 router = Router(
@@ -22,6 +22,7 @@ router = Router(
         *users.HANDLERS,
         *stats.HANDLERS,
         *kudos.HANDLERS,
+        *teams.HANDLERS,
         *register.HANDLERS,
     ],
 )

@@ -16,9 +16,11 @@ from msgspec import UNSET, UnsetType
 
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
+    CreateTeamInput,
     InviteInput,
     KudosAwardInput,
     KudosTransferInput,
+    ModifyTeamInput,
     PopInput,
     ProgressInput,
     RegisterInput,
@@ -231,6 +233,13 @@ class WorkerChat(msgspec.Struct, kw_only=True):
     image_transports: list[str]
 
 
+class TeamDetailsLite(msgspec.Struct, kw_only=True):
+    """A worker's team; both null when it has none (as upstream answers)."""
+
+    name: str | None
+    id: str | None
+
+
 class WorkerDetails(msgspec.Struct, kw_only=True):
     type: Literal["text"]
     name: str
@@ -254,6 +263,7 @@ class WorkerDetails(msgspec.Struct, kw_only=True):
     tokens_generated: int
     uncompleted_jobs: int
     uptime: int  # seconds from its first pop to its last
+    team: TeamDetailsLite
     # horde_lite's additions: the chat block, the lease speed (null while unmeasured, then the
     # assumed speed is used) and the capacity it gives, the uncompleted jobs by kind.
     chat: WorkerChat | None
@@ -276,6 +286,55 @@ class ModifyWorker(msgspec.Struct, kw_only=True):
 
 
 class DeletedWorker(msgspec.Struct, kw_only=True):
+    deleted_id: str
+    deleted_name: str
+
+
+# --- teams
+#
+# Upstream's models: TeamDetails (text: TeamDetailsKobold), WorkerDetailsLite, ActiveModelLite,
+# ModifyTeam, DeletedTeam.
+
+
+class WorkerDetailsLite(msgspec.Struct, kw_only=True):
+    type: Literal["text"]
+    name: str
+    id: str
+    online: bool
+
+
+class ActiveModelLite(msgspec.Struct, kw_only=True):
+    name: str
+    count: int  # the team's workers serving it
+
+
+class TeamDetails(msgspec.Struct, kw_only=True):
+    """A team and its live workers' figures, summed (they leave with a worker that leaves)."""
+
+    name: str
+    id: str
+    info: str | None
+    creator: str  # "name#id"
+    worker_count: int
+    workers: list[WorkerDetailsLite]
+    models: list[ActiveModelLite]
+    contributions: int  # tokens generated
+    requests_fulfilled: int
+    kudos: float  # earned by its workers
+    uptime: int  # seconds, summed over its workers
+    performance: float  # mean lease speed of its online workers, tokens per second
+    total_speed: float  # their sum
+
+
+class ModifyTeam(msgspec.Struct, kw_only=True):
+    """The team as created or changed."""
+
+    id: str
+    name: str
+    info: str | None
+
+
+class DeletedTeam(msgspec.Struct, kw_only=True):
     deleted_id: str
     deleted_name: str
 

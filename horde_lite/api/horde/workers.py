@@ -1,5 +1,5 @@
-"""/workers: the public worker records; PUT (maintenance, info, rename: owner or moderator; pause:
-moderator) and DELETE (owner or moderator)."""
+"""/workers: the public worker records; PUT (maintenance, info, rename, team: owner or moderator;
+pause: moderator) and DELETE (owner or moderator)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import (
     DeletedWorker,
     ModifyWorker,
+    TeamDetailsLite,
     WorkerChat,
     WorkerDetails,
     WorkerKudosDetails,
@@ -37,7 +38,9 @@ def worker_details(found: workers.WorkerRecord) -> WorkerDetails:
         kudos_rewards=round(w.kudos_earned, 2),
         kudos_details=WorkerKudosDetails(generated=round(w.kudos_earned, 2)),
         tokens_generated=w.tokens_generated, uncompleted_jobs=w.aborted_jobs + w.faulted_jobs,
-        uptime=int(max(0.0, w.last_check_in - w.created_at)), chat=chat, lease_speed=w.lease_speed,
+        uptime=int(max(0.0, w.last_check_in - w.created_at)),
+        team=TeamDetailsLite(name=found.team_name, id=w.team_id if found.team_name is not None else None),
+        chat=chat, lease_speed=w.lease_speed,
         speed_measured=w.lease_speed is not None, assumed_speed=found.assumed_speed, capacity=w.capacity,
         aborted_jobs=w.aborted_jobs, faulted_jobs=w.faulted_jobs,
     )  # fmt: skip
