@@ -229,7 +229,11 @@ async def _traffic(base: str, db_url: str) -> None:
         await submit(first)
         await submit(second, "faulted")
         await submit(third)
-        assert (await http.post("/api/v2/invites", json={"uses": 2})).status_code == 200  # open pages
+        # Open pages show things; making a code still takes a moderator's key.
+        assert (await http.post("/api/v2/invites", json={"uses": 2})).status_code == 403
+        moderator = await _make_moderator(db_url)
+        made = await http.post("/api/v2/invites", json={"uses": 2}, headers={"apikey": moderator})
+        assert made.status_code == 200, made.text
 
 
 def _panels(dom: str) -> dict[str, str]:

@@ -152,7 +152,12 @@ async def test_rate_limits_per_key_and_address_in_each_face(db_url: str) -> None
 
 
 async def test_zero_turns_a_limit_off(db_url: str) -> None:
-    assert rate_limit_middleware(RateLimitSettings(create_per_minute=0, status_per_minute=0)) == []
+    assert (
+        rate_limit_middleware(
+            RateLimitSettings(create_per_minute=0, status_per_minute=0, register_per_hour=0)
+        )
+        == []
+    )
     settings = make_settings(db_url, ratelimit={"create_per_minute": 0, "status_per_minute": 1})
     async with app_client(create_app(settings, ManualClock(), run_sweeper=False)) as client:
         for _ in range(5):
