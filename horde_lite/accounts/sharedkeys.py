@@ -30,24 +30,20 @@ class SharedKeyRecord:
     owner: str  # "name#id"
 
 
+# The body's fields the key stores as sent.
+_STORED_AS_SENT = ("kudos", "name", "max_text_tokens", "concurrency", "requests_per_minute", "tokens_per_day")
+
+
 def _apply(shared: SharedKey, body: SharedKeyInput | SharedKeyPatch, now: float) -> None:
     """Set the fields the body carries (a PATCH leaves the others as they are)."""
-    if body.kudos is not msgspec.UNSET:
-        shared.kudos = body.kudos
-    if body.name is not msgspec.UNSET:
-        shared.name = body.name
-    if body.max_text_tokens is not msgspec.UNSET:
-        shared.max_text_tokens = body.max_text_tokens
+    for name in _STORED_AS_SENT:
+        value = getattr(body, name)
+        if value is not msgspec.UNSET:
+            setattr(shared, name, value)
     if body.expiry is not msgspec.UNSET:
         shared.expiry = None if body.expiry < 0 else now + body.expiry * DAY
     if body.allowed_models is not msgspec.UNSET:
         shared.allowed_models = limits.allow_list(body.allowed_models)
-    if body.concurrency is not msgspec.UNSET:
-        shared.concurrency = body.concurrency
-    if body.requests_per_minute is not msgspec.UNSET:
-        shared.requests_per_minute = body.requests_per_minute
-    if body.tokens_per_day is not msgspec.UNSET:
-        shared.tokens_per_day = body.tokens_per_day
     if body.monthly_kudos is not msgspec.UNSET:
         shared.monthly_kudos = body.monthly_kudos
         # This month's budget is `kudos`; the monthly amount replaces it from the next month on.
