@@ -12,7 +12,6 @@ from litestar import Litestar
 from litestar.config.cors import CORSConfig
 
 from horde_lite.api.allow import AllowEveryMethod
-from horde_lite.api.body_schemas import describe_bodies
 from horde_lite.api.logfilter import logging_config
 from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
 from horde_lite.api.operator import ROUTES as operator_routes
@@ -56,5 +55,4 @@ def create_app(
         ),
         request_max_body_size=4 * 1024 * 1024,
         openapi_config=openapi_config(),
-        on_startup=[describe_bodies],
     )

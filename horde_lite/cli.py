@@ -631,7 +631,7 @@ def openapi(output: str) -> None:
     from horde_lite.app import create_app
 
     app = create_app(_settings())  # built, not started: no database
-    describe_bodies(app)  # as the server's start-up does
+    describe_bodies(app)  # as the server does before it first serves the schema
     document = msgspec.json.format(encode_json(app.openapi_schema.to_schema()), indent=2)
     with click.open_file(output, "wb") as out:
         out.write(document + b"\n")

@@ -3,7 +3,7 @@ server accepts.
 
 Litestar's own generator loses some of what the bodies' structs enforce (a `ge=0` bound, a pattern
 inside a union, `forbid_unknown_fields`), so a client, or schemathesis, could send a schema-valid
-body the server refuses. msgspec's JSON Schema of the same structs is exact; at start-up it
+body the server refuses. msgspec's JSON Schema of the same structs is exact; when the schema is first served it
 replaces Litestar's components for every struct a handler takes as `data`, with three additions:
 
 - what the raw-input rules (`api/body_rules.py`) refuse anywhere in a body: strings holding NUL
@@ -154,11 +154,12 @@ def _bodies(app: Litestar) -> list[Any]:
 
 
 def describe_bodies(app: Litestar) -> None:
-    """Replace the bodies' components with msgspec's, once, before the schema is first served."""
+    """Replace the bodies' components with msgspec's, once, before the schema is first served (or
+    written by the CLI's `openapi`)."""
     components = app.openapi_schema.components
     schemas = components.schemas if components.schemas is not None else {}
     if JSON_VALUE in schemas:
-        return  # described already (the CLI's `openapi` and the start-up both call this)
+        return  # described already
     _, generated = msgspec.json.schema_components(_bodies(app), ref_template=REF)
     for name, js in generated.items():
         schema = _as_spec(js)

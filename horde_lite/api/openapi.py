@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import litestar_offline_docs
-from litestar import Request, Response, get
+from litestar import Request, Response, Router, get
 from litestar.enums import MediaType
 from litestar.openapi import OpenAPIConfig, ResponseSpec
 from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin
@@ -25,6 +25,7 @@ from litestar.plugins import ReceiveRoutePlugin
 from litestar.routes import BaseRoute, HTTPRoute
 
 from horde_lite import __version__
+from horde_lite.api.body_schemas import describe_bodies
 from horde_lite.api.errors import OPENAI_CODES, HordeErrorBody, OpenAIErrorBody
 from horde_lite.api.static_files import static_files_router
 from horde_lite.rc import Rc
@@ -56,8 +57,11 @@ def openapi_config() -> OpenAPIConfig:
         title="horde_lite",
         version=__version__,
         description=DESCRIPTION,
-        path="/schema",
         render_plugins=[SWAGGER, JsonRenderPlugin()],
+        # Litestar's /schema routes, behind a hook that describes the bodies on first use.
+        openapi_router=Router(
+            "/schema", route_handlers=[], include_in_schema=False, before_request=_described
+        ),
         components=Components(
             security_schemes={
                 "apikey": SecurityScheme(type="apiKey", name="apikey", security_scheme_in="header"),
@@ -67,11 +71,18 @@ def openapi_config() -> OpenAPIConfig:
     )
 
 
+async def _described(request: Request[Any, Any, Any]) -> None:
+    """Describe the bodies (building the whole schema) when a schema path is first asked for, not
+    at each start-up: most processes, and every test's app, never serve it."""
+    describe_bodies(request.app)
+
+
 def _schema(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """The schema Litestar's own /schema routes serve, rendered from the same object (the app's
     public `openapi_schema`) once per app."""
     state = request.app.state
     if "openapi_document" not in state:
+        describe_bodies(request.app)
         state.openapi_document = request.app.openapi_schema.to_schema()
     return state.openapi_document
 
