@@ -3,8 +3,9 @@ server accepts.
 
 Litestar's own generator loses some of what the bodies' structs enforce (a `ge=0` bound, a pattern
 inside a union, `forbid_unknown_fields`), so a client, or schemathesis, could send a schema-valid
-body the server refuses. msgspec's JSON Schema of the same structs is exact; when the schema is first served it
-replaces Litestar's components for every struct a handler takes as `data`, with three additions:
+body the server refuses. msgspec's JSON Schema of the same structs is exact; when the schema is
+first served it replaces Litestar's components for every struct a handler takes as `data`, with
+three additions:
 
 - what the raw-input rules (`api/body_rules.py`) refuse anywhere in a body: strings holding NUL
   and integers outside 64 bits (free-form values, such as unknown fields a body ignores, are

@@ -11,6 +11,7 @@ from `Rc`, unless its handler documents that status itself.
 
 from __future__ import annotations
 
+import functools
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -107,6 +108,7 @@ def docs_routes() -> list[Any]:
 UNDOCUMENTED = frozenset({Rc.MethodNotAllowed, Rc.HTTPError, Rc.Locked})
 
 
+@functools.cache  # read for every route of every app; Rc is fixed
 def _statuses() -> dict[int, list[Rc]]:
     by_status: dict[int, list[Rc]] = defaultdict(list)
     for rc in Rc:

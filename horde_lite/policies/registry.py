@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import sys
 from dataclasses import dataclass, field
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any
@@ -30,12 +32,22 @@ def group(kind: PolicyKind) -> str:
 
 
 def installed(kind: PolicyKind) -> dict[str, EntryPoint]:
-    return {ep.name: ep for ep in entry_points(group=group(kind))}
+    return dict(_scan(tuple(sys.path), group(kind)))
+
+
+@functools.lru_cache(maxsize=32)
+def _scan(path: tuple[str, ...], name: str) -> tuple[tuple[str, EntryPoint], ...]:
+    """One group's entry points on one `sys.path`: reading every installed distribution's metadata
+    is the slowest part of building the policies, and they are built at each start and switch."""
+    return tuple((ep.name, ep) for ep in entry_points(group=name))
 
 
 def _build(kind: PolicyKind, name: str, options: dict[str, Any], setting: str | None = None) -> Any:
     """`setting`: the key that named it, when not `kind` itself (a candidate's)."""
     available = installed(kind)
+    if name not in available:  # installed since the last scan (a package added to a running horde)
+        _scan.cache_clear()
+        available = installed(kind)
     key = setting or kind
     if name not in available:
         names = ", ".join(sorted(available)) or "none"
