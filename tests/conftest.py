@@ -142,8 +142,18 @@ async def truncate_pg(url: str) -> None:
         database=parsed.database,
     )  # fmt: skip
     try:
-        tables = ", ".join(f'"{t.name}"' for t in Base.metadata.sorted_tables)
-        await conn.execute(f"TRUNCATE {tables} RESTART IDENTITY CASCADE")
+        # DELETE with triggers and foreign keys off (replica role) and the sequences restarted: the
+        # same empty database as TRUNCATE ... RESTART IDENTITY, several times faster on small tables.
+        # Only these tables' own sequences restart (the change log, outside the models, keeps its ids).
+        names = [t.name for t in Base.metadata.sorted_tables]
+        deletes = "; ".join(f'DELETE FROM "{name}"' for name in names)
+        listed = ", ".join(f"'{name}'" for name in names)
+        await conn.execute(
+            f"SET session_replication_role = replica; {deletes}; SET session_replication_role = DEFAULT;"
+            " SELECT setval(s.oid::regclass, 1, false) FROM pg_class s"
+            " JOIN pg_depend d ON d.objid = s.oid AND d.deptype IN ('a', 'i')"
+            f" JOIN pg_class t ON t.oid = d.refobjid WHERE s.relkind = 'S' AND t.relname IN ({listed})"
+        )
     finally:
         await conn.close()
 
