@@ -136,8 +136,13 @@ async def apply(horde: Horde) -> bool:
 
 
 async def history(target: Horde | AsyncEngine, limit: int = 50) -> list[ModeChange]:
-    """The newest `limit` switches, newest first."""
-    async with _session(target) as session:
-        query = select(HordeModeChange).order_by(HordeModeChange.id.desc()).limit(limit)
-        rows = (await session.execute(query)).scalars().all()
+    """The newest `limit` switches, newest first (read outside a transaction: the dashboard's
+    panel asks at every refresh, and must take no writer's turn on SQLite)."""
+    query = select(HordeModeChange).order_by(HordeModeChange.id.desc()).limit(limit)
+    if isinstance(target, Horde):
+        async with target.reading() as session:
+            rows = (await session.execute(query)).scalars().all()
+    else:
+        async with make_sessionmaker(target)() as session:
+            rows = (await session.execute(query)).scalars().all()
     return [ModeChange(r.id, r.at, r.mode, r.enabled, r.changed_by, r.source) for r in rows]
