@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import rich_click
@@ -28,6 +28,9 @@ from horde_lite.policies.kinds import PolicyKind
 from horde_lite.settings import KUDOS_LIMIT, Settings, SettingsError, load_settings, masked
 from horde_lite.startup import StartupError, check_database, fail, guard_run
 from horde_lite.worker.command import worker as worker_command
+
+if TYPE_CHECKING:
+    from horde_lite.core.modes import HordeModes
 
 T = TypeVar("T")
 APP = "horde_lite.app:create_app"
@@ -577,7 +580,7 @@ def modes() -> None:
         ctx.invoke(modes_show)
 
 
-def _print_modes(found: Any) -> None:
+def _print_modes(found: HordeModes) -> None:
     for mode in ("maintenance", "invite_only", "raid"):
         click.echo(f"{mode:12} {'on' if getattr(found, mode) else 'off'}")
     click.echo(f"version {found.version}" + (" (never switched)" if found.version == 0 else ""))
@@ -606,7 +609,8 @@ def modes_show() -> None:
 def modes_set(maintenance: bool | None, invite_only: bool | None, raid: bool | None) -> None:
     from horde_lite.operators import horde_modes
 
-    sent = {"maintenance": maintenance, "invite_only": invite_only, "raid": raid}
+    sent: dict[horde_modes.Mode, bool | None] = {"maintenance": maintenance, "invite_only": invite_only,
+                                                 "raid": raid}  # fmt: skip
     changes = {mode: on for mode, on in sent.items() if on is not None}
     if not changes:
         raise click.UsageError("name a mode to switch: --maintenance, --invite-only or --raid (or --no-...)")
