@@ -15,7 +15,7 @@ import os
 import platform
 import sys
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import rich_click
@@ -28,6 +28,9 @@ from horde_lite.policies.kinds import PolicyKind
 from horde_lite.settings import KUDOS_LIMIT, Settings, SettingsError, load_settings, masked
 from horde_lite.startup import StartupError, check_database, fail, guard_run
 from horde_lite.worker.command import worker as worker_command
+
+if TYPE_CHECKING:
+    from horde_lite.core.modes import HordeModes
 
 T = TypeVar("T")
 APP = "horde_lite.app:create_app"
@@ -566,6 +569,76 @@ def policies_history(limit: int) -> None:
                    f"{change.new_name} {change.options}  ({change.source})")  # fmt: skip
 
 
+# --- modes ------------------------------------------------------------------------------------------
+
+
+@click.group(help="The horde's modes: maintenance, worker invite-only, raid (show, switch, history).",
+             invoke_without_command=True)  # fmt: skip
+def modes() -> None:
+    ctx = click.get_current_context()  # not pass_context: Litestar's group passes its own `ctx`
+    if ctx.invoked_subcommand is None:
+        ctx.invoke(modes_show)
+
+
+def _print_modes(found: HordeModes) -> None:
+    for mode in ("maintenance", "invite_only", "raid"):
+        click.echo(f"{mode:12} {'on' if getattr(found, mode) else 'off'}")
+    click.echo(f"version {found.version}" + (" (never switched)" if found.version == 0 else ""))
+
+
+@modes.command("show", help="The modes in force in the database (what every server process applies).")
+def modes_show() -> None:
+    from horde_lite.operators import horde_modes
+
+    async def work(engine, settings):  # type: ignore[no-untyped-def]
+        from horde_lite.db.engine import make_sessionmaker
+
+        async with make_sessionmaker(engine)() as session:
+            return await horde_modes.read(session)
+
+    _print_modes(_with_engine(work))
+
+
+@modes.command("set", help="Switch modes on or off for every server process of this horde, through the "
+               "database (each process applies it within [policies] reload_seconds).")  # fmt: skip
+@click.option("--maintenance/--no-maintenance", default=None, help="No new requests; queued work drains.")
+@click.option("--invite-only/--no-invite-only", default=None,
+              help="New workers only within a moderator's worker_invited.")  # fmt: skip
+@click.option("--raid/--no-raid", default=None,
+              help="Untrusted users' new workers need an invitation; registering needs a code.")  # fmt: skip
+def modes_set(maintenance: bool | None, invite_only: bool | None, raid: bool | None) -> None:
+    from horde_lite.operators import horde_modes
+
+    sent: dict[horde_modes.Mode, bool | None] = {"maintenance": maintenance, "invite_only": invite_only,
+                                                 "raid": raid}  # fmt: skip
+    changes = {mode: on for mode, on in sent.items() if on is not None}
+    if not changes:
+        raise click.UsageError("name a mode to switch: --maintenance, --invite-only or --raid (or --no-...)")
+
+    async def work(engine, settings):  # type: ignore[no-untyped-def]
+        return settings, await horde_modes.switch(engine, changes, horde_modes.OPERATOR, "cli")
+
+    settings, found = _with_engine(work)
+    _print_modes(found)
+    click.echo(f"every server process applies it within {settings.policies.reload_seconds:g} s "
+               "([policies] reload_seconds)")  # fmt: skip
+
+
+@modes.command("history", help="The mode switches, newest first.")
+@click.option(
+    "--limit", type=click.IntRange(1, 10_000), default=20, show_default=True, help="How many to show."
+)
+def modes_history(limit: int) -> None:
+    from horde_lite.operators import horde_modes
+
+    async def work(engine, settings):  # type: ignore[no-untyped-def]
+        return await horde_modes.history(engine, limit)
+
+    for change in _with_engine(work):
+        click.echo(f"{_utc(change.at)}  {change.mode:12} {'on ' if change.enabled else 'off'}  "
+                   f"by {change.changed_by} ({change.source})")  # fmt: skip
+
+
 # --- whatif -----------------------------------------------------------------------------------------
 
 
@@ -655,7 +728,7 @@ def _print_version(ctx: click.Context, param: click.Parameter, value: bool) -> N
 # What `litestar --app horde_lite.app:create_app` gains through the plugin (register_commands), and
 # horde-lite's own commands besides run/routes/version.
 OPERATOR_COMMANDS: tuple[click.Command, ...] = (
-    users, invites, usage, worker_command, demo_command, policies, whatif, database, openapi
+    users, invites, usage, worker_command, demo_command, policies, modes, whatif, database, openapi
 )  # fmt: skip
 
 
@@ -680,6 +753,7 @@ PANELS = {
         "worker",
         "demo",
         "policies",
+        "modes",
         "whatif",
         "database",
     ),

@@ -359,3 +359,15 @@ class InviteInput(_In, forbid_unknown_fields=True):
 
     uses: Annotated[int, msgspec.Meta(ge=1, le=10_000)] = 1
     days: Annotated[int, msgspec.Meta(ge=0, le=36_500)] = 7
+
+
+# --- the horde's modes (PUT /api/v2/status/modes)
+
+
+class HordeModesInput(_In, forbid_unknown_fields=True):
+    """PUT /api/v2/status/modes (upstream's fields): each mode sent is switched on or off; one sent
+    as null, or not sent, is left as it is."""
+
+    maintenance_mode: bool | None = None
+    invite_only_mode: bool | None = None
+    raid_mode: bool | None = None

@@ -33,6 +33,10 @@ class Rc(StrEnum):
     KudosTransferNotEnough = "KudosTransferNotEnough", 400
     InvalidTargetUsername = "InvalidTargetUsername", 400
     KudosLimit = "KudosLimit", 400
+    # The horde's modes (upstream's codes and statuses): PUT /status/modes naming no mode, and a new
+    # request while the horde is in maintenance (upstream answers it 400; the /v1 face 503).
+    NoHordeModSelected = "NoHordeModSelected", 400
+    MaintenanceMode = "MaintenanceMode", 400
     # Teams (upstream's codes; TooManyTeams is horde_lite's, as TooManyWorkers).
     TeamNameAlreadyExists = "TeamNameAlreadyExists", 400
     NoTeamModSelected = "NoTeamModSelected", 400
@@ -73,6 +77,11 @@ class Rc(StrEnum):
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403
     NotModerator = "NotModerator", 403
+    # Switching maintenance (upstream's admins), a new worker under invite-only, an untrusted user's
+    # new worker in raid mode.
+    NotAdmin = "NotAdmin", 403
+    WorkerInviteOnly = "WorkerInviteOnly", 403
+    NotTrusted = "NotTrusted", 403
     # A model outside the shared key's or the user's allow-list (horde_lite's; accounts/limits.py).
     ModelNotAllowed = "ModelNotAllowed", 403
     Forbidden = "Forbidden", 403

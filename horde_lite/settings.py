@@ -312,6 +312,17 @@ class AccountsSettings(_Table):
     registration: Literal["closed", "invite", "open"] = "closed"
 
 
+class ModerationSettings(_Table):
+    # Users who may switch the horde's maintenance mode through the API and the dashboard, as
+    # `name#id` (upstream's ADMINS); the operator's `horde-lite modes set` always may.
+    admins: list[str] = msgspec.field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        for admin in self.admins:
+            if not re.fullmatch(r".+#[0-9]+", admin):
+                raise ValueError(f"[moderation] admins: {admin!r} is not a user's name#id (e.g. alice#1)")
+
+
 class UsageSettings(_Table):
     # Days of usage history kept (operators/usage.py), trimmed by the periodic sweep; 0 = forever.
     keep_days: int = 0
@@ -338,6 +349,7 @@ class Settings(_Table):
     kudos: KudosSettings = msgspec.field(default_factory=KudosSettings)
     policies: PoliciesSettings = msgspec.field(default_factory=PoliciesSettings)
     usage: UsageSettings = msgspec.field(default_factory=UsageSettings)
+    moderation: ModerationSettings = msgspec.field(default_factory=ModerationSettings)
 
 
 class SettingsError(Exception):

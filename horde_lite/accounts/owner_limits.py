@@ -10,6 +10,7 @@ from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.core.errors import HordeError
+from horde_lite.core.modes import MODES_OFF, HordeModes, refuse_new_worker
 from horde_lite.db.models import SharedKey, Team, User, Worker
 from horde_lite.rc import Rc
 from horde_lite.settings import Settings
@@ -121,16 +122,22 @@ _SHARED_KEYS = select(func.count(SharedKey.key_hash)).where(SharedKey.user_id ==
 _TEAMS = select(func.count(Team.id)).where(Team.owner_id == bindparam("owner_id"))
 
 
-async def room_for_a_worker(session: AsyncSession, settings: Settings, owner: User) -> None:
-    """Before a first pop creates a worker: the owner's live workers must be under its limit. The
-    caller holds the owner's users row (`lock_user`)."""
+async def room_for_a_worker(
+    session: AsyncSession, settings: Settings, owner: User, modes: HordeModes = MODES_OFF
+) -> None:
+    """Before a first pop creates a worker: the owner's live workers must be under its limit, and
+    within its invitation when a horde mode asks for one (core/modes.py). The caller holds the
+    owner's users row (`lock_user`)."""
     rule = settings.worker
     limit = _limit(owner, rule.max_per_user, rule.max_per_trusted_user)
+    if limit <= 0 and not (modes.invite_only or modes.raid):
+        return
+    count = (await session.execute(_LIVE_WORKERS, {"owner_id": owner.id})).scalar_one()
+    refuse_new_worker(modes, owner, count)
     if limit <= 0:
         return
     # A moderator's `worker_invited` (PUT /users/{id}) raises this user's limit, never lowers it.
     limit = max(limit, owner.worker_invited)
-    count = (await session.execute(_LIVE_WORKERS, {"owner_id": owner.id})).scalar_one()
     if count >= limit:
         raise HordeError(
             Rc.TooManyWorkers,

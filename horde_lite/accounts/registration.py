@@ -22,6 +22,7 @@ from horde_lite.accounts.users import (
 )
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
+from horde_lite.core.modes import registration_mode
 from horde_lite.rc import Rc
 
 
@@ -35,9 +36,10 @@ class UserKey:
 
 
 async def register(horde: Horde, username: str, invite: str | None) -> UserKey:
-    """Create a user under the horde's registration mode. In invite mode the code's use is counted
-    in the transaction that creates the user: both happen, or neither."""
-    mode = horde.settings.accounts.registration
+    """Create a user under the horde's registration mode (in raid mode, open registration needs a
+    code: core/modes.py). In invite mode the code's use is counted in the transaction that creates
+    the user: both happen, or neither."""
+    mode = registration_mode(horde.modes, horde.settings.accounts.registration)
     if mode == "closed":
         raise HordeError(
             Rc.RegistrationClosed, "Registration is closed on this horde; ask its operator for an account."

@@ -19,6 +19,7 @@ from horde_lite.accounts import owner_limits
 from horde_lite.accounts.users import authenticate_user, hash_key, is_anonymous_key, split_name
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
+from horde_lite.core.modes import MODES_OFF, HordeModes
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
 from horde_lite.db.models import Team, User, Worker, WorkerModel
 from horde_lite.inputs import NAME_CHARACTERS, PopInput, WorkerUpdate
@@ -160,11 +161,13 @@ async def check_in(
     now: float,
     *,
     worker: Worker | None = None,
+    modes: HordeModes = MODES_OFF,
 ) -> Worker:
     """Create the worker on its first pop, else store its new declarations. Raises for a name
-    owned by someone else, for the anonymous user, and for an owner at its limit of workers (the
-    pop that would create one more; its existing workers keep working). `worker`: the named
-    worker's row, when the caller has read it locked (`authenticate_worker`)."""
+    owned by someone else, for the anonymous user, and for an owner at its limit of workers or
+    beyond its invitation under the horde's `modes` (the pop that would create one more; its
+    existing workers keep working). `worker`: the named worker's row, when the caller has read it
+    locked (`authenticate_worker`)."""
     if owner.anonymous:
         raise HordeError(Rc.AnonForbiddenWorker, "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
@@ -174,7 +177,7 @@ async def check_in(
     if worker is None:
         worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
     if worker is None:
-        worker = await _create(session, owner, body.name, key, settings, now)
+        worker = await _create(session, owner, body.name, key, settings, now, modes)
     if worker.owner_id != owner.id:
         raise HordeError(Rc.WrongCredentials, f"The worker name {body.name!r} belongs to another user.")
     models = declared_models(body)
@@ -194,7 +197,13 @@ async def check_in(
 
 
 async def _create(
-    session: AsyncSession, owner: User, wanted: str, key: str, settings: Settings, now: float
+    session: AsyncSession,
+    owner: User,
+    wanted: str,
+    key: str,
+    settings: Settings,
+    now: float,
+    modes: HordeModes,
 ) -> Worker:
     """A first pop's new worker, within the owner's limit of workers. The owner's users row is
     locked first, so concurrent first pops count one after the other; one that waited looks for
@@ -204,7 +213,7 @@ async def _create(
     worker = (await session.execute(_WORKER_BY_KEY_LOCKED, {"key": key})).scalar_one_or_none()
     if worker is not None:
         return worker
-    await owner_limits.room_for_a_worker(session, settings, owner)
+    await owner_limits.room_for_a_worker(session, settings, owner, modes)
     try:
         async with session.begin_nested():
             worker = Worker(

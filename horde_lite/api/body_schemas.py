@@ -82,6 +82,7 @@ AT_LEAST: dict[str, list[Schema]] = {
                 ),
             ),
             ("ModifyTeamInput", ("name", "info")),
+            ("HordeModesInput", ("maintenance_mode", "invite_only_mode", "raid_mode")),
         )
     },
 }

@@ -50,6 +50,7 @@ OPENAI_CODES: dict[Rc, tuple[str, str]] = {
     Rc.DatabaseUnavailable: ("service_unavailable", "database_unavailable"),
     Rc.NoEligibleWorker: ("service_unavailable", "no_eligible_worker"),
     Rc.QueueTimeout: ("service_unavailable", "queue_timeout"),
+    Rc.MaintenanceMode: ("service_unavailable", "maintenance_mode"),
     Rc.WorkerFailed: ("server_error", "worker_failed"),
     Rc.RequestCancelled: ("invalid_request_error", "request_cancelled"),
     Rc.ClientDisconnected: ("invalid_request_error", "client_disconnected"),
@@ -57,6 +58,11 @@ OPENAI_CODES: dict[Rc, tuple[str, str]] = {
     Rc.MethodNotAllowed: ("invalid_request_error", "method_not_allowed"),
     Rc.InternalServerError: ("server_error", "internal_error"),
 }
+
+
+# Codes the OpenAI face answers with another status than the horde's: upstream answers a request in
+# maintenance 400, while an OpenAI client reads a 503 as "the service is down for now".
+OPENAI_STATUSES: dict[Rc, int] = {Rc.MaintenanceMode: 503}
 
 
 # 429/503 answers a client should retry after `Retry-After` (`x-should-retry: true` lets the openai
@@ -135,10 +141,12 @@ def field_errors(exc: ValidationException) -> dict[str, str]:
 
 
 class ErrorFace:
-    """One face's exception handlers: every error answered in the face's body `shape`."""
+    """One face's exception handlers: every error answered in the face's body `shape`, with the
+    code's status unless the face's `statuses` name another."""
 
-    def __init__(self, shape: Shape) -> None:
+    def __init__(self, shape: Shape, statuses: Mapping[Rc, int] | None = None) -> None:
         self.shape = shape
+        self.statuses = dict(statuses or {})
 
     def respond(
         self,
@@ -150,7 +158,7 @@ class ErrorFace:
         headers: dict[str, str] | None = None,
         **extra: Any,
     ) -> Response[Any]:
-        status = status or rc.status
+        status = status or self.statuses.get(rc, rc.status)
         headers = dict(headers or {})
         if status in (429, 503):
             headers["Retry-After"] = str(extra.get("retry_after", 30))
@@ -227,5 +235,5 @@ HTTP_CODES: dict[int, Rc] = {
 }
 
 HORDE_HANDLERS = ErrorFace(horde_shape).handlers()
-OPENAI_HANDLERS = ErrorFace(openai_shape).handlers()
+OPENAI_HANDLERS = ErrorFace(openai_shape, OPENAI_STATUSES).handlers()
 UNROUTED_HANDLERS = ErrorFace(unrouted_shape).handlers()

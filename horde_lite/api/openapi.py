@@ -27,7 +27,7 @@ from litestar.routes import BaseRoute, HTTPRoute
 
 from horde_lite import __version__
 from horde_lite.api.body_schemas import describe_bodies
-from horde_lite.api.errors import OPENAI_CODES, HordeErrorBody, OpenAIErrorBody
+from horde_lite.api.errors import OPENAI_CODES, OPENAI_STATUSES, HordeErrorBody, OpenAIErrorBody
 from horde_lite.api.static_files import static_files_router
 from horde_lite.rc import Rc
 
@@ -109,18 +109,19 @@ UNDOCUMENTED = frozenset({Rc.MethodNotAllowed, Rc.HTTPError, Rc.Locked})
 
 
 @functools.cache  # read for every route of every app; Rc is fixed
-def _statuses() -> dict[int, list[Rc]]:
+def _statuses(v1: bool) -> dict[int, list[Rc]]:
     by_status: dict[int, list[Rc]] = defaultdict(list)
     for rc in Rc:
-        if rc.status >= 400 and rc not in UNDOCUMENTED:
-            by_status[rc.status].append(rc)
+        status = OPENAI_STATUSES.get(rc, rc.status) if v1 else rc.status
+        if status >= 400 and rc not in UNDOCUMENTED:
+            by_status[status].append(rc)
     return dict(sorted(by_status.items()))
 
 
 def error_responses(v1: bool) -> dict[int, ResponseSpec]:
     """Each error status with the face's body and the codes it may carry."""
     out: dict[int, ResponseSpec] = {}
-    for status, rcs in _statuses().items():
+    for status, rcs in _statuses(v1).items():
         if v1:
             codes = sorted({OPENAI_CODES[rc][1] for rc in rcs if rc in OPENAI_CODES} or {"see message"})
             text = "Error; `code` is one of: " + ", ".join(f"`{c}`" for c in codes)

@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
+from horde_lite.core.modes import MODES_OFF, HordeModes
 from horde_lite.core.notify import Notifier
 from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
@@ -40,6 +41,9 @@ class Horde:
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
     # The horde's model sizes, which price every request (read from the settings unless given).
     sizes: ModelSizes = field(default=None, repr=False)  # type: ignore[assignment]
+    # The horde's modes this process applies (operators/horde_modes.py keeps them in step with the
+    # database's); replaced whole, never changed in place.
+    modes: HordeModes = MODES_OFF
 
     _turns: WriterTurns = field(init=False, repr=False)
 
@@ -57,8 +61,8 @@ class Horde:
         return self.in_force().rules(now)
 
     def in_force(self) -> InForce:
-        """The policies and settings in force now, for one call to apply throughout."""
-        return InForce(policies=self.policies, settings=self.settings)
+        """The policies, settings and modes in force now, for one call to apply throughout."""
+        return InForce(policies=self.policies, settings=self.settings, modes=self.modes)
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncSession]:
@@ -91,12 +95,13 @@ class Horde:
 class InForce:
     """What one admission or pop applies, taken once at its start (`Horde.in_force`) and passed
     down: the selected policies (speed gate, allowance curve, shadow metrics, the candidates and
-    their names) and the settings the rules read. `horde.policies` may be swapped by a switch
-    through the database while a call runs; a call that read it twice could judge one request by
-    two curves, or claim under one gate and record another."""
+    their names), the settings the rules read and the horde's modes. `horde.policies` may be
+    swapped by a switch through the database while a call runs; a call that read it twice could
+    judge one request by two curves, or claim under one gate and record another."""
 
     policies: Policies
     settings: Settings
+    modes: HordeModes = MODES_OFF
 
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)

@@ -15,13 +15,14 @@ from horde_lite.accounts import registration
 from horde_lite.api.deps import HordeDep
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
+from horde_lite.core.modes import registration_mode
 from horde_lite.dashboard.routes import HEADERS, same_origin
 
 PATH = "/register"
 
 
 def _page(horde: Horde, status: int = 200, **context: Any) -> Template:
-    context.setdefault("mode", horde.settings.accounts.registration)
+    context.setdefault("mode", registration_mode(horde.modes, horde.settings.accounts.registration))
     return Template("register.html", context=context, status_code=status, headers=HEADERS)
 
 

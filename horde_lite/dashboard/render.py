@@ -16,6 +16,7 @@ from jinja2 import Environment
 
 from horde_lite.accounts import invites as invite_codes
 from horde_lite.core.context import Horde
+from horde_lite.dashboard import modes_panel
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
 from horde_lite.requests.admission_rule import AdmissionOutcome
@@ -249,6 +250,7 @@ PANELS: dict[str, Panel] = {
         Panel("candidates", "Candidate comparison (last 7 days)", candidates, wide=True),
         Panel("users", "Users", users, wide=True, searchable=True),
         Panel("invites", "Invite codes", invites, wide=True),
+        Panel("modes", "Horde modes", modes_panel.context, wide=True),
         Panel("usage", "Usage (last 30 days)", usage, wide=True),
     )
 }

@@ -6,11 +6,11 @@ true; otherwise a moderator's key, sent as the `apikey` header (scripts) or once
 form, which sets an HttpOnly, SameSite=Strict cookie holding a signed session (queries.py: never the
 key, never its hash). The /register page (register.py) is mounted beside the dashboard by its plugin.
 
-The invites and users panels' actions (`/dashboard/invites...`, `/dashboard/users/...`) change
-things: their door (`ACTIONS`) stays shut on open pages, and each is a form post checked like the
-sign-in's (`same_origin`). Each calls the entry point the horde API's routes call
-(accounts/invites.py, accounts/profiles.py), as the signed-in moderator, and answers with a page
-saying what was done or refused.
+The invites, users and modes panels' actions (`/dashboard/invites...`, `/dashboard/users/...`,
+`/dashboard/modes`) change things: their door (`ACTIONS`) stays shut on open pages, and each is a
+form post checked like the sign-in's (`same_origin`). Each calls the entry point the horde API's
+routes call (accounts/invites.py, accounts/profiles.py, operators/mode_rights.py), as the signed-in
+moderator, and answers with a page saying what was done or refused.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from horde_lite.core.errors import HordeError
 from horde_lite.dashboard import queries
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
 from horde_lite.inputs import UserCreate, UserUpdate
+from horde_lite.operators import horde_modes, mode_rights
 from horde_lite.rc import Rc
 
 COOKIE = "horde_lite_dashboard"
@@ -190,6 +191,29 @@ async def revoke_invite(
     return Redirect(f"{PATH}#panel-invites", status_code=303, headers=HEADERS)
 
 
+def _mode_refused(status: int, message: str) -> Template:
+    return Template("mode_action.html", context={"message": message}, status_code=status, headers=HEADERS)
+
+
+@post("/modes", **{**ACTED, "status_code": 303})
+async def switch_mode(request: Request[Any, Any, Any], horde: HordeDep) -> Template | Redirect:
+    """The modes panel's form: one mode on or off, as the signed-in moderator (an admin for
+    maintenance), through the API's rules; back to the panel when done."""
+    if not same_origin(request):
+        return _mode_refused(403, "A mode switch must come from this site's own dashboard.")
+    form = await request.form()
+    named, enabled = str(form.get("mode") or ""), str(form.get("enabled") or "")
+    mode = next((m for m in horde_modes.MODES if m == named), None)
+    if mode is None or enabled not in ("on", "off"):
+        return _mode_refused(400, "Name a mode (maintenance, invite_only, raid) and on or off.")
+    who = profiles.SignedIn(viewer_of(request).user_id or 0)
+    try:
+        await mode_rights.change(horde, who, {mode: enabled == "on"}, "dashboard")
+    except HordeError as exc:
+        return _mode_refused(exc.rc.status, exc.message)
+    return Redirect(f"{PATH}#panel-modes", status_code=303, headers=HEADERS)
+
+
 @post("/logout", status_code=303)
 async def logout(request: Request[Any, Any, Any]) -> Redirect:
     redirect = Redirect(PATH, status_code=303, headers=HEADERS)
@@ -288,6 +312,7 @@ router = Router(
         logout,
         create_invite,
         revoke_invite,
+        switch_mode,
         create_user,
         change_kudos,
         change_flags,

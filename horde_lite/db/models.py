@@ -559,3 +559,29 @@ class PolicyChange(Base):
     new_name: Mapped[str] = mapped_column(String(64))
     options: Mapped[dict[str, Any]] = mapped_column(JsonDoc, default=dict)
     source: Mapped[str] = mapped_column(String(32))  # cli | sighup | start-up
+
+
+class HordeModeState(Base):
+    """The horde's modes in force (one row, id 1), shared by every process of the horde."""
+
+    __tablename__ = "horde_modes"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    maintenance: Mapped[bool] = mapped_column(Boolean, default=False)
+    invite_only: Mapped[bool] = mapped_column(Boolean, default=False)
+    raid: Mapped[bool] = mapped_column(Boolean, default=False)
+    version: Mapped[int] = mapped_column(Integer, default=0)
+    changed_at: Mapped[float] = mapped_column(Float)
+
+
+class HordeModeChange(Base):
+    """The log of mode switches: which mode, on or off, by whom and through what."""
+
+    __tablename__ = "horde_mode_changes"
+
+    id: Mapped[int] = mapped_column(BigIntIdentity, primary_key=True)
+    at: Mapped[float] = mapped_column(Float, index=True)
+    mode: Mapped[str] = mapped_column(String(16))  # maintenance | invite_only | raid
+    enabled: Mapped[bool] = mapped_column(Boolean)
+    changed_by: Mapped[str] = mapped_column(String(120))  # the user's name#id; "operator" for the CLI
+    source: Mapped[str] = mapped_column(String(16))  # api | dashboard | cli

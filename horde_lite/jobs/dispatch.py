@@ -263,7 +263,9 @@ async def pop(
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
     if looked is None:
-        worker = await check_in(session, owner, body, in_force.settings, now, worker=worker)
+        worker = await check_in(
+            session, owner, body, in_force.settings, now, worker=worker, modes=in_force.modes
+        )
     else:
         worker = looked.worker
         if looked.stamp:

@@ -14,7 +14,8 @@ Each server process watches the table (`PolicyWatcher`): every `[policies] reloa
 at once for a switch it made itself) it reads the rows and, for each kind whose version differs
 from the one it applies, builds the new policy through the registry and replaces `horde.policies`
 as a whole (one attribute assignment: a request holds whichever object it read). A policy that
-fails to build in this process keeps the old one and logs an ERROR once per version.
+fails to build in this process keeps the old one and logs an ERROR once per version. The same poll
+applies the horde's modes (operators/horde_modes.py), kept in the database the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from horde_lite.clock import Clock
 from horde_lite.core.context import Horde
 from horde_lite.db.engine import make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
+from horde_lite.operators import horde_modes
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.registry import build, load_policies
 from horde_lite.settings import Settings, SettingsError, load_settings
@@ -332,9 +334,11 @@ class PolicyWatcher:
         self._sighup = False
 
     async def start(self) -> None:
-        """Seed, apply the database's policies, then watch (and take SIGHUP on the main thread)."""
+        """Seed, apply the database's policies and modes, then watch (and take SIGHUP on the main
+        thread)."""
         await seed(self.horde)
         await apply_changes(self.horde, self.failed)
+        await horde_modes.apply(self.horde)
         self._task = asyncio.create_task(self._watch(), name="horde_lite-policy-watch")
         loop = asyncio.get_running_loop()
         with contextlib.suppress(ValueError, RuntimeError, NotImplementedError, AttributeError):
@@ -362,8 +366,9 @@ class PolicyWatcher:
             await asyncio.sleep(interval)
             try:
                 await apply_changes(self.horde, self.failed)
+                await horde_modes.apply(self.horde)
             except Exception as exc:  # the database may be away: try again at the next poll
-                log.warning("policy watch: reading policy_state failed, retrying: %s", exc)
+                log.warning("policy watch: reading policy_state or horde_modes failed, retrying: %s", exc)
 
     async def stop(self) -> None:
         if self._sighup:

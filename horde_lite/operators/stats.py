@@ -1,4 +1,4 @@
-"""The horde's figures: GET /status/performance, /status/modes, /stats/text/totals, /stats/text/models.
+"""The horde's figures: GET /status/performance, /stats/text/totals, /stats/text/models.
 
 Upstream keeps a statistics table; horde_lite reads its usage history (operators/usage.py), kept by
 clock hour after requests expire. A window of an hour or more counts the whole clock hours (UTC)
@@ -17,13 +17,10 @@ from dataclasses import dataclass
 from sqlalchemy import ColumnElement, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts.users import authenticate
-from horde_lite.core.context import Caller, Horde
-from horde_lite.core.errors import HordeError
+from horde_lite.core.context import Horde
 from horde_lite.db.models import Generation, TextRequest, Worker
 from horde_lite.operators import usage
 from horde_lite.queue.eligibility import worker_online
-from horde_lite.rc import Rc
 
 # Upstream's periods, in seconds (a month is 30 days).
 PERIODS = {"minute": 60.0, "hour": 3600.0, "day": 86400.0, "month": 30 * 86400.0}
@@ -38,13 +35,6 @@ class Performance:
     text_worker_count: int  # online workers
     text_thread_count: int
     past_minute_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class Modes:
-    maintenance_mode: bool
-    invite_only_mode: bool
-    raid_mode: bool | None  # shown to moderators only
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,19 +94,6 @@ async def performance(horde: Horde) -> Performance:
 async def _tokens_since(session: AsyncSession, since: float) -> int:
     query = select(func.coalesce(func.sum(Generation.tokens), 0)).where(*_finished(since))
     return int((await session.execute(query)).scalar_one())
-
-
-async def modes(horde: Horde, caller: Caller) -> Modes:
-    """Upstream's horde modes; horde_lite has none of them, so all are off. With a key, upstream
-    shows raid mode to moderators and refuses anyone else (NotModerator); so does horde_lite."""
-    raid: bool | None = None
-    if caller.apikey:
-        async with horde.transaction() as session:
-            viewer = await authenticate(session, caller.apikey, horde.clock.now())
-        if not viewer.user.moderator or viewer.shared_key is not None:
-            raise HordeError(Rc.NotModerator, "Only a moderator may ask for the horde's modes with a key.")
-        raid = False
-    return Modes(maintenance_mode=False, invite_only_mode=False, raid_mode=raid)
 
 
 async def text_totals(horde: Horde) -> dict[str, PeriodTotal]:

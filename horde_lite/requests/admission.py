@@ -17,6 +17,7 @@ from horde_lite.accounts import kudos, limits
 from horde_lite.accounts.users import Requester, authenticate, check_shared_key
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.core.errors import HordeError
+from horde_lite.core.modes import refuse_new_requests
 from horde_lite.db.models import (
     AdmissionRecord,
     CandidateRecord,
@@ -761,8 +762,10 @@ async def decide(horde: Horde, caller: Caller, build: SpecBuilder) -> Decision:
     """Authenticate the caller, build the request's spec and admit it, in one transaction (a refusal
     rolls it back: no row, no hold). A dry run (`spec.dry_run`) is judged exactly like the real
     request, refusals included, and then rolled back: nothing is kept and nothing is cached. Both
-    routes that create requests (the native route and the chat front) come through here."""
+    routes that create requests (the native route and the chat front) come through here, so the
+    horde's maintenance mode refuses them all before anything is read."""
     in_force = horde.in_force()  # one snapshot for the spec and the decision alike
+    refuse_new_requests(in_force.modes)
     session: AsyncSession | None = None
     try:
         async with horde.transaction() as session:

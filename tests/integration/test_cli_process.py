@@ -56,8 +56,8 @@ def test_help_lists_horde_lites_commands_first_and_no_unrelated_ones(tmp_path: P
     assert "Litestar CLI" not in text
     assert "--app" not in text
     assert _commands_listed(text) == [
-        "run", "users", "invites", "usage", "worker", "demo", "policies", "whatif", "database", "openapi",
-        "routes", "version",
+        "run", "users", "invites", "usage", "worker", "demo", "policies", "modes", "whatif", "database",
+        "openapi", "routes", "version",
     ]  # fmt: skip
     assert text.index("Run and operate") < text.index("Tools") < text.index("Options")
     assert horde_lite("-h", cwd=tmp_path, env=_env()).stdout == shown.stdout

@@ -285,6 +285,9 @@ def _expected_line(db_url: str) -> str:
         ("database", "upgrade"),
         ("policies", "list"),
         ("policies", "history"),
+        ("modes", "show"),
+        ("modes", "set", "--invite-only"),
+        ("modes", "history"),
         ("whatif", "--speed-gate", "off"),
     ],
 )

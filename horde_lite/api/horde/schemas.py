@@ -17,6 +17,7 @@ from msgspec import UNSET, UnsetType
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
     CreateTeamInput,
+    HordeModesInput,
     InviteInput,
     KudosAwardInput,
     KudosTransferInput,
@@ -184,9 +185,20 @@ class HordePerformance(msgspec.Struct, kw_only=True):
 
 
 class HordeModes(msgspec.Struct, kw_only=True):
+    """GET /status/modes (upstream's HordeModes): raid mode is shown to moderators only."""
+
     maintenance_mode: bool
     invite_only_mode: bool
-    raid_mode: bool | UnsetType = UNSET  # moderators only
+    raid_mode: bool | UnsetType = UNSET
+
+
+class HordeModesSet(msgspec.Struct, kw_only=True):
+    """PUT /status/modes (upstream's HordeModes as it answers a switch): the modes the switch
+    named, as they now are; the others are left out."""
+
+    maintenance_mode: bool | UnsetType = UNSET
+    invite_only_mode: bool | UnsetType = UNSET
+    raid_mode: bool | UnsetType = UNSET
 
 
 class Newspiece(msgspec.Struct, kw_only=True):

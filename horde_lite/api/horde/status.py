@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
-from litestar import get
-from litestar.params import FromPath, FromQuery
+from litestar import get, put
+from litestar.params import FromPath, FromQuery, JSONBody
+from msgspec import UNSET
 
 import horde_lite
 from horde_lite.api.deps import CallerDep, HordeDep
-from horde_lite.api.horde.schemas import ActiveModel, Heartbeat, HordeModes, HordePerformance, Newspiece
-from horde_lite.operators import catalogue, stats
+from horde_lite.api.horde.schemas import (
+    ActiveModel,
+    Heartbeat,
+    HordeModes,
+    HordeModesInput,
+    HordeModesSet,
+    HordePerformance,
+    Newspiece,
+)
+from horde_lite.operators import catalogue, mode_rights, stats
+from horde_lite.operators.horde_modes import Mode
 
 
 def active_models(found: list[catalogue.ModelStatus]) -> list[ActiveModel]:
@@ -51,14 +61,28 @@ async def performance(horde: HordeDep) -> HordePerformance:
 
 @get("/status/modes")
 async def modes(horde: HordeDep, caller: CallerDep) -> HordeModes:
-    found = await stats.modes(horde, caller)
-    if found.raid_mode is None:
-        return HordeModes(maintenance_mode=found.maintenance_mode, invite_only_mode=found.invite_only_mode)
+    """Maintenance and invite-only mode; with a moderator's key raid mode too (any other key is
+    refused, as upstream)."""
+    found = await mode_rights.shown(horde, caller)
     return HordeModes(
         maintenance_mode=found.maintenance_mode,
         invite_only_mode=found.invite_only_mode,
-        raid_mode=found.raid_mode,
+        raid_mode=UNSET if found.raid_mode is None else found.raid_mode,
     )
+
+
+@put("/status/modes")
+async def change_modes(data: JSONBody[HordeModesInput], horde: HordeDep, caller: CallerDep) -> HordeModesSet:
+    """Switch the modes sent, for every server process: maintenance by an admin (`[moderation]
+    admins`), invite-only and raid by a moderator."""
+    sent: dict[Mode, bool | None] = {
+        "maintenance": data.maintenance_mode,
+        "invite_only": data.invite_only_mode,
+        "raid": data.raid_mode,
+    }
+    changes = {mode: on for mode, on in sent.items() if on is not None}
+    now = await mode_rights.change(horde, caller, changes, "api")
+    return HordeModesSet(**{f"{mode}_mode": getattr(now, mode) for mode in changes})
 
 
 @get("/status/news")
@@ -67,4 +91,4 @@ async def news() -> list[Newspiece]:
     return []
 
 
-HANDLERS = [status_models, status_model, heartbeat, performance, modes, news]
+HANDLERS = [status_models, status_model, heartbeat, performance, modes, change_modes, news]
