@@ -17,6 +17,7 @@ from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.metrics import Metrics
+from horde_lite.operators.ip_cache import LiveTimeouts
 from horde_lite.policies.registry import Policies
 from horde_lite.queue.eligibility import Rules
 from horde_lite.queue.mirror import QueueMirror
@@ -40,6 +41,8 @@ class Horde:
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
     # The horde's model sizes, which price every request (read from the settings unless given).
     sizes: ModelSizes = field(default=None, repr=False)  # type: ignore[assignment]
+    # The live address timeouts as this process last read them (operators/ip_timeouts.py).
+    ip_timeouts: LiveTimeouts = field(default_factory=LiveTimeouts, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 
