@@ -18,6 +18,8 @@ from horde_lite.accounts import invites as invite_codes
 from horde_lite.core.context import Horde
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
+from horde_lite.operators import ip_timeouts as address_timeouts
+from horde_lite.operators.ip_rule import MOST_HOURS
 from horde_lite.requests.admission_rule import AdmissionOutcome
 
 HERE = Path(__file__).parent
@@ -209,6 +211,10 @@ async def users(horde: Horde, search: str = "") -> dict[str, Any]:
     return {"view": await data.users(horde, search)}
 
 
+async def timeouts(horde: Horde) -> dict[str, Any]:
+    return {"timeouts": await address_timeouts.live(horde), "most_hours": MOST_HOURS}
+
+
 async def usage(horde: Horde) -> dict[str, Any]:
     view = await data.usage_history(horde)
     labels = [d[5:] for d in view.days]  # MM-DD
@@ -250,5 +256,6 @@ PANELS: dict[str, Panel] = {
         Panel("users", "Users", users, wide=True, searchable=True),
         Panel("invites", "Invite codes", invites, wide=True),
         Panel("usage", "Usage (last 30 days)", usage, wide=True),
+        Panel("timeouts", "Address timeouts", timeouts, wide=True),
     )
 }
