@@ -46,8 +46,8 @@ log = logging.getLogger("horde_lite.ip_timeouts")
 HOUR = 3600.0
 DAY = 86400.0
 # Live timeouts the horde holds at most: a listing answers all of them, and each process reads them
-# all at each poll.
-MOST_LIVE = 10_000
+# all at each poll (bench/ip_timeouts.py: a few milliseconds for this many; a network covers more).
+MOST_LIVE = 2_000
 
 _LIVE = select(IpTimeout.network, IpTimeout.expires_at).where(IpTimeout.expires_at > bindparam("now"))
 
