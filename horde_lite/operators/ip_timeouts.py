@@ -88,10 +88,12 @@ async def check(horde: Horde, address: str) -> None:
         raise refusal(math.ceil(left))
 
 
-async def _poll(horde: Horde, ticket: int) -> None:
+async def _poll(horde: Horde, ticket: int | None = None) -> None:
+    """`reload`, whose failure leaves the copy as it was: a change is committed whether or not this
+    process could read it back, and the next due check polls again."""
     try:
         await reload(horde, ticket)
-    except Exception as exc:  # the database may be away: the copy stays, the next check polls again
+    except Exception as exc:  # the database may be away
         log.warning("reading the address timeouts failed, keeping this process's copy: %s", exc)
 
 
@@ -150,7 +152,7 @@ async def add(horde: Horde, ipaddr: str, hours: int, by: int | None = None) -> N
     now = horde.clock.now()
     async with horde.transaction() as session:
         await _set(session, network, now + hours * HOUR, now, by, None)
-    await reload(horde)
+    await _poll(horde)
     log.info("address timeout: %s for %d hours (moderator %s)", network, hours, by)
     return network
 
@@ -161,7 +163,7 @@ async def lift(horde: Horde, ipaddr: str) -> bool:
     network = timed_network(ipaddr)
     async with horde.transaction() as session:
         result = await session.execute(delete(IpTimeout).where(IpTimeout.network == str(network)))
-    await reload(horde)
+    await _poll(horde)
     return bool(getattr(result, "rowcount", 0))
 
 
@@ -176,7 +178,7 @@ async def block_worker(horde: Horde, worker_id: str, days: int, by: int | None =
             raise HordeError(Rc.BadRequest, f"Worker {found_id} has not popped from an IP address yet.")
         network = timed_network(address)
         await _set(session, network, now + days * DAY, now, by, found_id)
-    await reload(horde)
+    await _poll(horde)
     log.info("worker block: %s (worker %s) for %d days (moderator %s)", network, found_id, days, by)
     return network
 
@@ -190,7 +192,7 @@ async def unblock_worker(horde: Horde, worker_id: str) -> int:
         if address is not None:
             which = or_(which, IpTimeout.network == str(timed_network(address)))
         result = await session.execute(delete(IpTimeout).where(which))
-    await reload(horde)
+    await _poll(horde)
     return int(getattr(result, "rowcount", 0) or 0)
 
 

@@ -17,12 +17,13 @@ import httpx
 import pytest
 from litestar import Litestar
 from litestar.testing import AsyncTestClient
-from sqlalchemy import func, select
+from sqlalchemy import func, insert, select
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import IpTimeout, TextRequest, Worker
+from horde_lite.operators.ip_timeouts import MOST_LIVE
 from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
 from tests.support.statements import statements_sent
@@ -364,3 +365,24 @@ async def test_only_a_moderators_own_key_reaches_the_routes_even_on_open_pages(d
                 answer = await client.http.request(method, path, json=body, headers=headers)
                 assert (answer.status_code, answer.json()["rc"]) == (403, "NotModerator"), (key, method, path)
         assert await stored(client) == (0, 0)
+
+
+async def test_the_horde_holds_a_bounded_number_of_live_timeouts(edge: HordeClient) -> None:
+    """Past `MOST_LIVE` live timeouts a new one is refused; replacing one still works, and expired
+    ones make room (they are dropped by the change that finds them)."""
+    mod = await edge.user("mod", moderator=True)
+    now = edge.clock.now()
+    rows = [
+        {"network": f"10.{i // 256}.{i % 256}.0/24", "expires_at": now + 60 * (1 + i % 2), "created_at": now}
+        for i in range(MOST_LIVE)
+    ]
+    async with edge.horde.transaction() as session:
+        await session.execute(insert(IpTimeout), rows)
+    full = await edge.http.post(TIMEOUTS, json={"ipaddr": "203.0.113.7", "hours": 1}, headers={"apikey": mod})
+    assert (full.status_code, full.json()["rc"]) == (400, "BadRequest"), full.text
+    assert f"{MOST_LIVE} live timeouts" in full.json()["message"]
+    await time_out(edge, mod, "10.0.1.0/24", hours=2)  # a replacement
+    assert await stored(edge) == (0, MOST_LIVE)
+    edge.clock.advance(61)  # half of them end
+    await time_out(edge, mod, "203.0.113.7")
+    assert await stored(edge) == (0, MOST_LIVE // 2 + 1)
