@@ -1,9 +1,10 @@
 """What an address timeout covers, as pure functions of the text a moderator or a connection gives:
 no database, no clock. `ip_timeouts.py` stores and checks what these return.
 
-A timeout covers a network. A single IPv4 address is its own /32; a single IPv6 address is its /64,
-as upstream times out a worker's IPv6 address: a host is handed a whole /64 and picks addresses in
-it at will, so one address of it would let the host step aside. An IPv4-mapped IPv6 address
+A timeout covers a network. A single IPv4 address is its own /32; a single IPv6 address (or a
+network narrower than /64) is its /64, as upstream times out a worker's IPv6 address: a host is
+handed a whole /64 and picks addresses in it at will, so a timeout of one of them alone would let
+the host step aside to the next. An IPv4-mapped IPv6 address
 (`::ffff:192.0.2.1`, how a dual-stack listener shows an IPv4 client) is the IPv4 address it maps.
 A network wider than `WIDEST` is refused: it would shut out a provider's whole allocation or more
 (`/0`, everyone) by one mistyped prefix.
