@@ -8,6 +8,9 @@ from typing import Annotated, Any, Literal
 
 import msgspec
 
+from horde_lite.operators.ip_rule import LONGEST as LONGEST_ADDRESS
+from horde_lite.operators.ip_rule import MOST_DAYS, MOST_HOURS
+
 CHAT_FEATURES = ("tools", "json_schema", "vision")
 IMAGE_TRANSPORTS = ("url", "base64")
 
@@ -371,3 +374,28 @@ class HordeModesInput(_In, forbid_unknown_fields=True):
     maintenance_mode: bool | None = None
     invite_only_mode: bool | None = None
     raid_mode: bool | None = None
+
+
+# --- address timeouts (/api/v2/operations/ipaddr, /operations/block_worker_ipaddr/{id}) ------------
+
+IpText = Annotated[str, msgspec.Meta(min_length=1, max_length=LONGEST_ADDRESS)]
+
+
+class IpTimeoutInput(_In, forbid_unknown_fields=True):
+    """POST /api/v2/operations/ipaddr (upstream's `AddTimeoutIPInput`): an address or CIDR and for
+    how many hours (upstream's 1 to 720)."""
+
+    ipaddr: IpText
+    hours: Annotated[int, msgspec.Meta(ge=1, le=MOST_HOURS)]
+
+
+class IpTimeoutLift(_In, forbid_unknown_fields=True):
+    """DELETE /api/v2/operations/ipaddr (upstream's `DeleteTimeoutIPInput`)."""
+
+    ipaddr: IpText
+
+
+class WorkerTimeoutInput(_In, forbid_unknown_fields=True):
+    """PUT /api/v2/operations/block_worker_ipaddr/{id} (upstream's `AddWorkerTimeout`): days, 1 to 30."""
+
+    days: Annotated[int, msgspec.Meta(ge=1, le=MOST_DAYS)]

@@ -85,6 +85,8 @@ class Rc(StrEnum):
     # A model outside the shared key's or the user's allow-list (horde_lite's; accounts/limits.py).
     ModelNotAllowed = "ModelNotAllowed", 403
     Forbidden = "Forbidden", 403
+    # A caller whose address a moderator put into timeout (upstream's code and status).
+    TimeoutIP = "TimeoutIP", 403
     # Registration (horde_lite's own: upstream registers through OAuth pages).
     RegistrationClosed = "RegistrationClosed", 403
     InviteRequired = "InviteRequired", 403

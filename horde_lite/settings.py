@@ -279,7 +279,7 @@ class PoliciesSettings(_Table):
     candidate_allowance_curve: str = ""
     # Options per policy kind: `[policies.speed_gate.options]` etc.
     options: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
-    # How often each server process reads policy_state for a switch.
+    # How often each server process reads policy_state for a switch, and the live address timeouts.
     reload_seconds: float = 2.0
 
     def __post_init__(self) -> None:

@@ -162,12 +162,14 @@ async def check_in(
     *,
     worker: Worker | None = None,
     modes: HordeModes = MODES_OFF,
+    address: str | None = None,
 ) -> Worker:
     """Create the worker on its first pop, else store its new declarations. Raises for a name
     owned by someone else, for the anonymous user, and for an owner at its limit of workers or
     beyond its invitation under the horde's `modes` (the pop that would create one more; its
     existing workers keep working). `worker`: the named worker's row, when the caller has read it
-    locked (`authenticate_worker`)."""
+    locked (`authenticate_worker`). `address`: the pop's (`ip_rule.stored_address`), kept as the
+    worker's last; None keeps the one it has."""
     if owner.anonymous:
         raise HordeError(Rc.AnonForbiddenWorker, "Anonymous users cannot run workers; register a key.")
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
@@ -187,6 +189,8 @@ async def check_in(
     owner_limits.hold_in_maintenance(worker, owner, settings, now)
     if check_in_is_due(worker.last_check_in, now):
         worker.last_check_in = now
+    if address is not None and worker.ipaddr != address:
+        worker.ipaddr = address
     if worker.models != models:
         worker.models = models
         await session.flush()
@@ -257,11 +261,17 @@ CheckInNeed = Literal["nothing", "time", "all"]
 
 
 async def check_in_need(
-    session: AsyncSession, worker: Worker, owner: User, body: PopInput, settings: Settings, now: float
+    session: AsyncSession,
+    worker: Worker,
+    owner: User,
+    body: PopInput,
+    settings: Settings,
+    now: float,
+    address: str | None = None,
 ) -> CheckInNeed:
     """What `check_in` would write for this pop, read without writing (`worker` is left as it
-    was): "nothing"; only the check-in "time" (`stamp_check_in` does that); or "all", for a changed
-    declaration, owner's trust or capacity (and for a pop `check_in` refuses)."""
+    was): "nothing"; only the check-in "time" and the address (`stamp_check_in` does that); or
+    "all", for a changed declaration, owner's trust or capacity (and for a pop `check_in` refuses)."""
     if owner.anonymous or worker.owner_id != owner.id or worker.models != declared_models(body):
         return "all"
     if owner_limits.cooling(owner, now) and not worker.maintenance:
@@ -270,22 +280,29 @@ async def check_in_need(
     declared = _declared(worker, owner, body, priority_user_ids, settings)
     if any(getattr(worker, column) != value for column, value in declared.items()):
         return "all"
-    return "time" if check_in_is_due(worker.last_check_in, now) else "nothing"
+    moved = address is not None and worker.ipaddr != address
+    return "time" if moved or check_in_is_due(worker.last_check_in, now) else "nothing"
 
 
-# A check-in that changes nothing but its time: one statement, no ORM flush, no row read first. Not
-# of a worker deleted since the pop read it: that would bring it back online and hand it a job.
+# A check-in that changes nothing but its time and address: one statement, no ORM flush, no row read
+# first. Not of a worker deleted since the pop read it: that would bring it back online and hand it
+# a job.
 _STAMP = (
     update(Worker)
     .where(Worker.id == bindparam("worker_id"), Worker.deleted_at.is_(None))
-    .values(last_check_in=bindparam("now"))
+    .values(last_check_in=bindparam("now"), ipaddr=bindparam("ipaddr"))
 )
 
 
-async def stamp_check_in(session: AsyncSession, worker: Worker, now: float) -> None:
+async def stamp_check_in(
+    session: AsyncSession, worker: Worker, now: float, address: str | None = None
+) -> None:
+    """`address`: the pop's, as `check_in` takes it (None keeps the worker's)."""
+    ipaddr = worker.ipaddr if address is None else address
     conn = await session.connection()
-    await conn.execute(_STAMP, {"worker_id": worker.id, "now": now})
+    await conn.execute(_STAMP, {"worker_id": worker.id, "now": now, "ipaddr": ipaddr})
     set_committed_value(worker, "last_check_in", now)
+    set_committed_value(worker, "ipaddr", ipaddr)
 
 
 @dataclass(frozen=True, slots=True)
@@ -338,6 +355,13 @@ async def _live_worker(session: AsyncSession, worker_id: str, *, lock: bool = Fa
     if worker is None or worker.deleted_at is not None:
         raise HordeError(Rc.WorkerNotFound, f"No worker with id {worker_id[:64]!r}.")
     return worker
+
+
+async def last_address(session: AsyncSession, worker_id: str) -> tuple[str, str | None]:
+    """A live worker's id and the address its last pop came from (None: none recorded yet), for a
+    moderator's block of it; WorkerNotFound for an id that names no live worker."""
+    worker = await _live_worker(session, worker_id)
+    return worker.id, worker.ipaddr
 
 
 async def list_workers(

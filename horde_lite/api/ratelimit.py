@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 from litestar import Request
+from litestar.connection import ASGIConnection
 from litestar.middleware.base import DefineMiddleware
 from litestar.middleware.rate_limit import CacheObject, DurationUnit, RateLimitConfig, RateLimitMiddleware
 from litestar.stores.base import Store
@@ -37,9 +38,9 @@ REGISTER_CALLS = (("POST", re.compile(r"/api/v2/register/?")), ("POST", re.compi
 PURGE_SECONDS = 300
 
 
-def client_address(request: Request[Any, Any, Any]) -> str:
+def client_address(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     """The connection's client address (uvicorn's, after its trusted proxies' headers)."""
-    return request.client.host if request.client else "unknown"
+    return connection.client.host if connection.client else "unknown"
 
 
 def caller_identity(request: Request[Any, Any, Any]) -> str:

@@ -18,6 +18,7 @@ from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.metrics import Metrics
+from horde_lite.operators.ip_cache import LiveTimeouts
 from horde_lite.policies.registry import Policies
 from horde_lite.queue.eligibility import Rules
 from horde_lite.queue.mirror import QueueMirror
@@ -44,6 +45,8 @@ class Horde:
     # The horde's modes this process applies (operators/horde_modes.py keeps them in step with the
     # database's); replaced whole, never changed in place.
     modes: HordeModes = MODES_OFF
+    # The live address timeouts as this process last read them (operators/ip_timeouts.py).
+    ip_timeouts: LiveTimeouts = field(default_factory=LiveTimeouts, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 

@@ -19,6 +19,8 @@ from horde_lite.core.context import Horde
 from horde_lite.dashboard import modes_panel
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
+from horde_lite.operators import ip_timeouts as address_timeouts
+from horde_lite.operators.ip_rule import MOST_HOURS
 from horde_lite.requests.admission_rule import AdmissionOutcome
 
 HERE = Path(__file__).parent
@@ -210,6 +212,10 @@ async def users(horde: Horde, search: str = "") -> dict[str, Any]:
     return {"view": await data.users(horde, search)}
 
 
+async def timeouts(horde: Horde) -> dict[str, Any]:
+    return {"timeouts": await address_timeouts.live(horde), "most_hours": MOST_HOURS}
+
+
 async def usage(horde: Horde) -> dict[str, Any]:
     view = await data.usage_history(horde)
     labels = [d[5:] for d in view.days]  # MM-DD
@@ -252,5 +258,6 @@ PANELS: dict[str, Panel] = {
         Panel("invites", "Invite codes", invites, wide=True),
         Panel("modes", "Horde modes", modes_panel.context, wide=True),
         Panel("usage", "Usage (last 30 days)", usage, wide=True),
+        Panel("timeouts", "Address timeouts", timeouts, wide=True),
     )
 }

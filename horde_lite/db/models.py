@@ -225,6 +225,25 @@ class Worker(Base):
     # (accounts/teams.py): SQLite adds a column's foreign key only inline, whose ON DELETE action
     # its reflection cannot read back, so the key declares none and refuses a dangling reference.
     team_id: Mapped[str | None] = mapped_column(ForeignKey("teams.id"), nullable=True, index=True)
+    # The address its last pop came from (canonical text; NULL: none yet, or not an IP address),
+    # written with the check-in: what a moderator's worker block times out.
+    ipaddr: Mapped[str | None] = mapped_column(String(45), nullable=True)
+
+
+class IpTimeout(Base):
+    """A network a moderator put into timeout (operators/ip_timeouts.py): no request creation and
+    no worker call from an address in it until `expires_at` (the horde's clock). A single address is
+    its own /32, a single IPv6 address its /64."""
+
+    __tablename__ = "ip_timeouts"
+
+    network: Mapped[str] = mapped_column(String(49), primary_key=True)  # canonical CIDR text
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    # The moderator who set it; None for open operator pages or a deleted moderator.
+    created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
+    # Set by a worker block: the worker whose last address it is (lifting the block lifts it).
+    worker_id: Mapped[str | None] = mapped_column(ID, nullable=True)
 
 
 class WorkerModel(Base):

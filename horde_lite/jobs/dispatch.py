@@ -27,6 +27,7 @@ from horde_lite.db.sqltypes import OneOf, TextList
 from horde_lite.inputs import PopInput
 from horde_lite.jobs.pop_rule import PopPath, Seen, Take, counts_pop, path, take
 from horde_lite.metrics import wait_attributes
+from horde_lite.operators.ip_rule import stored_address
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import Assignment, GateInputs, PopCheck
 from horde_lite.policies.registry import Policies
@@ -242,8 +243,9 @@ class Looked:
 
     owner: User
     worker: Worker
-    stamp: bool  # the check-in time is due
+    stamp: bool  # the check-in time is due, or the address moved
     page: queue_index.Page
+    address: str | None  # the pop's, as the worker's row keeps it (None: no IP address)
 
 
 async def pop(
@@ -255,21 +257,24 @@ async def pop(
     in_force: InForce | None = None,
     worker: Worker | None = None,
     looked: Looked | None = None,
+    address: str | None = None,
 ) -> tuple[Worker, Job | None]:
     """`worker`: the named worker's row when the caller read it locked with its owner. `looked`:
     what the pop read before its transaction; its worker is not checked in again (nothing but the
-    time would change) and not locked (its row's rules are judged by the claim's own statement).
-    `in_force`: the pop's snapshot of the policies (taken here when not given), the only one read."""
+    time and address would change) and not locked (its row's rules are judged by the claim's own
+    statement). `in_force`: the pop's snapshot of the policies (taken here when not given), the only
+    one read. `address`: the pop's (`ip_rule.stored_address`), written with the check-in."""
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
     if looked is None:
         worker = await check_in(
-            session, owner, body, in_force.settings, now, worker=worker, modes=in_force.modes
-        )
+            session, owner, body, in_force.settings, now, worker=worker, modes=in_force.modes,
+            address=address,
+        )  # fmt: skip
     else:
         worker = looked.worker
         if looked.stamp:
-            await stamp_check_in(session, worker, now)
+            await stamp_check_in(session, worker, now, looked.address)
     fake = worker.paused
     _count_pop(horde, in_force.policies, worker)
     page = None if looked is None else looked.page
@@ -407,19 +412,20 @@ async def look(
     (`pop_rule.path` says when)."""
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
+    address = stored_address(caller.address)
     async with horde.reading() as session:
         named = await owner_and_worker(session, caller.apikey, body.name)
         if named is None:
             return None
         owner, worker = named
-        need = await check_in_need(session, worker, owner, body, in_force.settings, now)
+        need = await check_in_need(session, worker, owner, body, in_force.settings, now, address)
         seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
         if path(seen) is PopPath.WHOLE:
             return None
         limits = queue_index.Limits.of(worker, in_force.rules(now))
         page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
         if path(replace(seen, page_rows=len(page.rows))) is not PopPath.IDLE:
-            return Looked(owner=owner, worker=worker, stamp=need == "time", page=page)
+            return Looked(owner=owner, worker=worker, stamp=need == "time", page=page, address=address)
         _count_pop(horde, in_force.policies, worker)
         return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
 
@@ -434,7 +440,10 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
     async with horde.transaction() as session:
         if looked is None:
             owner, named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
-            worker, job = await pop(session, horde, owner, body, in_force=in_force, worker=named)
+            address = stored_address(caller.address)
+            worker, job = await pop(
+                session, horde, owner, body, in_force=in_force, worker=named, address=address
+            )
         else:
             worker, job = await pop(session, horde, looked.owner, body, in_force=in_force, looked=looked)
         if job is None:

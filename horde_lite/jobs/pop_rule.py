@@ -20,7 +20,8 @@ class PopPath(StrEnum):
     WHOLE = "whole"
     # Answered from the reads: nothing to write and an empty first page. No transaction at all.
     IDLE = "idle"
-    # A transaction that writes the due check-in time only: the first page is empty.
+    # A transaction that writes the due check-in time (and a moved address) only: the first page is
+    # empty.
     CHECK_IN = "check_in"
     # A transaction that judges and claims from the page read (stamping the check-in when due).
     CLAIM = "claim"

@@ -52,7 +52,7 @@ def settings(db_url: str) -> Settings:
 
 async def _traffic_in_process(client: HordeClient, key: str) -> None:
     """A worker, a finished job over its capacity (1200 at the assumed speed), a waiting request and
-    a refusal, so every panel has rows."""
+    a refusal, an invite code and an address timeout, so every panel has rows."""
     pop = await client.pop(key, "w-guard", models=[MODEL], max_length=4096, max_context_length=8192)
     assert pop.status_code == 200, pop.text
     created = await client.create(
@@ -66,6 +66,10 @@ async def _traffic_in_process(client: HordeClient, key: str) -> None:
     assert refused.status_code == 403, refused.text
     invite = await client.http.post("/api/v2/invites", json={}, headers={"apikey": key})
     assert invite.status_code == 200, invite.text
+    timeout = await client.http.post(
+        "/api/v2/operations/ipaddr", json={"ipaddr": "203.0.113.0/24", "hours": 1}, headers={"apikey": key}
+    )
+    assert timeout.status_code == 200, timeout.text
 
 
 async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
@@ -234,6 +238,9 @@ async def _traffic(base: str, db_url: str) -> None:
         moderator = await _make_moderator(db_url)
         made = await http.post("/api/v2/invites", json={"uses": 2}, headers={"apikey": moderator})
         assert made.status_code == 200, made.text
+        timeout = {"ipaddr": "203.0.113.0/24", "hours": 1}
+        timed = await http.post("/api/v2/operations/ipaddr", json=timeout, headers={"apikey": moderator})
+        assert timed.status_code == 200, timed.text
 
 
 def _panels(dom: str) -> dict[str, str]:

@@ -20,7 +20,7 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
     app = create_app(make_settings(db_url), ManualClock(), run_sweeper=False)
     guarded: set[str] = set()
     for route in app.routes:
-        operator_paths = ("/operator", "/dashboard", "/api/v2/invites")
+        operator_paths = ("/operator", "/dashboard", "/api/v2/invites", "/api/v2/operations")
         if not isinstance(route, HTTPRoute) or not route.path.startswith(operator_paths):
             continue
         if route.path in OPEN or route.path.startswith("/dashboard/static"):
@@ -36,6 +36,9 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
         "/dashboard/users/create",
         "/dashboard/users/{user_id:str}/kudos", "/dashboard/users/{user_id:str}/flags",
         "/dashboard/users/{user_id:str}/delete", "/dashboard/modes",
+        "/api/v2/operations/ipaddr", "/api/v2/operations/ipaddr/{ipaddr:path}",
+        "/api/v2/operations/block_worker_ipaddr/{worker_id:str}", "/dashboard/ip_timeouts",
+        "/dashboard/ip_timeouts/lift",
     }  # fmt: skip
 
 

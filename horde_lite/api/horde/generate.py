@@ -14,6 +14,7 @@ from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody
 from msgspec import UNSET
 
+from horde_lite.api.address_guard import address_guard
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import (
     ChatResult,
@@ -124,6 +125,7 @@ def pop_answer(popped: dispatch.Popped) -> GenerationPayloadKobold:
 @post(
     "/generate/text/async",
     status_code=202,
+    guards=[address_guard],
     responses={
         202: ResponseSpec(RequestAsync, description="Queued."),
         200: ResponseSpec(RequestQuote, description="A dry run: what it would cost; nothing created."),
@@ -146,12 +148,12 @@ async def cancel_request(request_id: FromPath[str], horde: HordeDep) -> RequestS
     return status_answer(await status_rules.cancel_and_read(horde, request_id))
 
 
-@post("/generate/text/pop", status_code=200)
+@post("/generate/text/pop", status_code=200, guards=[address_guard])
 async def pop_job(data: JSONBody[PopInput], horde: HordeDep, caller: CallerDep) -> GenerationPayloadKobold:
     return pop_answer(await dispatch.pop_job(horde, caller, data))
 
 
-@post("/generate/text/submit", status_code=200)
+@post("/generate/text/submit", status_code=200, guards=[address_guard])
 async def submit_job(data: JSONBody[SubmitInput], horde: HordeDep, caller: CallerDep) -> GenerationSubmitted:
     submitted = await completion.submit_job(horde, caller, data)
     return GenerationSubmitted(reward=submitted.reward)

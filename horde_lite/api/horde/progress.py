@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 from litestar import post
 from litestar.params import JSONBody
 
+from horde_lite.api.address_guard import address_guard
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import GenerationProgress, ProgressInput
 from horde_lite.jobs import progress
@@ -19,7 +20,7 @@ def progress_answer(answer: progress.ProgressAnswer) -> GenerationProgress:
     )
 
 
-@post("/generate/text/progress", status_code=200)
+@post("/generate/text/progress", status_code=200, guards=[address_guard])
 async def post_progress(
     data: JSONBody[ProgressInput], horde: HordeDep, caller: CallerDep
 ) -> GenerationProgress:

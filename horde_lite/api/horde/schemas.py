@@ -485,6 +485,13 @@ class SimpleResponse(msgspec.Struct, kw_only=True):
     message: str
 
 
+class IPTimeout(msgspec.Struct, kw_only=True):
+    """A live address timeout (upstream's `IPTimeout`): a single IPv4 address bare, else a CIDR."""
+
+    ipaddr: str
+    seconds: int  # left, rounded up
+
+
 # --- registration, keys and invite codes (horde_lite's own: upstream registers through OAuth pages)
 
 

@@ -8,6 +8,7 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.params import JSONBody
 
+from horde_lite.api.address_guard import address_guard
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai import schemas
 from horde_lite.api.openai.schemas import ChatCompletion, ChatCompletionInput, ChatCompletionQuote
@@ -49,7 +50,7 @@ def _delta(delta: Delta) -> dict[str, Any]:
 CHAT = Answer(whole=schemas.completion, render=ChatRender)
 
 
-@post("/chat/completions", status_code=200, operation_class=EventStreamOperation)
+@post("/chat/completions", status_code=200, operation_class=EventStreamOperation, guards=[address_guard])
 async def chat_completions(
     request: Request[Any, Any, Any], data: JSONBody[ChatCompletionInput], horde: HordeDep, caller: CallerDep
 ) -> Response[ChatCompletion | ChatCompletionQuote]:

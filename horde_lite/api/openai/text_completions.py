@@ -10,6 +10,7 @@ from typing import Any
 from litestar import Request, Response, post
 from litestar.params import JSONBody
 
+from horde_lite.api.address_guard import address_guard
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.openai import schemas
 from horde_lite.api.openai.schemas import CompletionInput, TextCompletion
@@ -32,7 +33,7 @@ class TextRender(Render):
 TEXT = Answer(whole=schemas.text_completion, render=TextRender)
 
 
-@post("/completions", status_code=200, operation_class=EventStreamOperation)
+@post("/completions", status_code=200, operation_class=EventStreamOperation, guards=[address_guard])
 async def completions(
     request: Request[Any, Any, Any], data: JSONBody[CompletionInput], horde: HordeDep, caller: CallerDep
 ) -> Response[TextCompletion]:
