@@ -1,7 +1,7 @@
 """address timeouts (`ip_timeouts`) and each worker's last address (`workers.ipaddr`)
 
 Revision ID: 0027_ip_timeouts
-Revises: 0025_teams
+Revises: 0026_horde_modes
 Create Date: 2026-12-10 10:00:00.000000
 """
 
