@@ -39,6 +39,9 @@ class Rc(StrEnum):
     UntrustedTeamCreation = "UntrustedTeamCreation", 403
     NotOwner = "NotOwner", 403
     TooManyTeams = "TooManyTeams", 403
+    # Prompt filters (upstream's codes): a prompt a filter refuses, a PATCH naming nothing to change.
+    CorruptPrompt = "CorruptPrompt", 400
+    NoFilterModSelected = "NoFilterModSelected", 400
     # A new user's name (upstream's codes; an empty or hostile name is a BadRequest).
     TooLongUserName = "TooLongUserName", 400
     NameAlreadyExists = "NameAlreadyExists", 400
@@ -72,6 +75,7 @@ class Rc(StrEnum):
     WorkerMaintenance = "WorkerMaintenance", 403
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403
+    TooManyFilters = "TooManyFilters", 403
     NotModerator = "NotModerator", 403
     # A model outside the shared key's or the user's allow-list (horde_lite's; accounts/limits.py).
     ModelNotAllowed = "ModelNotAllowed", 403
@@ -87,6 +91,7 @@ class Rc(StrEnum):
     UserNotFound = "UserNotFound", 404
     WorkerNotFound = "WorkerNotFound", 404
     SharedKeyNotFound = "SharedKeyNotFound", 404
+    FilterNotFound = "FilterNotFound", 404
     InviteNotFound = "InviteNotFound", 404
     ModelNotFound = "ModelNotFound", 404
     NotFound = "NotFound", 404

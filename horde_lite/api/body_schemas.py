@@ -81,6 +81,7 @@ AT_LEAST: dict[str, list[Schema]] = {
                 ),
             ),
             ("ModifyTeamInput", ("name", "info")),
+            ("FilterPatch", ("regex", "filter_type", "description", "replacement")),
         )
     },
 }

@@ -47,6 +47,7 @@ OPENAI_CODES: dict[Rc, tuple[str, str]] = {
     Rc.RateLimited: ("rate_limit_error", "rate_limit_exceeded"),
     Rc.DailyTokenLimit: ("rate_limit_error", "rate_limit_exceeded"),
     Rc.ModelNotAllowed: ("permission_error", "model_not_allowed"),
+    Rc.CorruptPrompt: ("invalid_request_error", "content_policy_violation"),
     Rc.DatabaseUnavailable: ("service_unavailable", "database_unavailable"),
     Rc.NoEligibleWorker: ("service_unavailable", "no_eligible_worker"),
     Rc.QueueTimeout: ("service_unavailable", "queue_timeout"),

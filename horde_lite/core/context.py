@@ -16,6 +16,7 @@ from horde_lite.core.notify import Notifier
 from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
 from horde_lite.db.writer_turns import WriterTurns
+from horde_lite.filters.cache import FilterCache
 from horde_lite.metrics import Metrics
 from horde_lite.policies.registry import Policies
 from horde_lite.queue.eligibility import Rules
@@ -40,6 +41,8 @@ class Horde:
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
     # The horde's model sizes, which price every request (read from the settings unless given).
     sizes: ModelSizes = field(default=None, repr=False)  # type: ignore[assignment]
+    # This process's compiled copy of the prompt filters (filters/cache.py).
+    filters: FilterCache = field(default_factory=FilterCache, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 

@@ -5,7 +5,18 @@ from __future__ import annotations
 from litestar import Router
 
 from horde_lite.api.errors import HORDE_HANDLERS
-from horde_lite.api.horde import generate, kudos, progress, register, stats, status, teams, users, workers
+from horde_lite.api.horde import (
+    filters,
+    generate,
+    kudos,
+    progress,
+    register,
+    stats,
+    status,
+    teams,
+    users,
+    workers,
+)
 from horde_lite.api.strict_body import StrictBody
 
 router = Router(
@@ -24,5 +35,6 @@ router = Router(
         *kudos.HANDLERS,
         *teams.HANDLERS,
         *register.HANDLERS,
+        *filters.HANDLERS,
     ],
 )
