@@ -195,6 +195,21 @@ async def test_a_huge_prompt_to_check_is_refused(client: HordeClient) -> None:
     assert (typed.status_code, typed.json()["rc"]) == (400, "BadRequest")
 
 
+async def test_hostile_queries_are_refused(client: HordeClient) -> None:
+    mod = await client.user("mod", moderator=True)
+    for path in ("/api/v2/filters", "/api/v2/filters/regex"):
+        for value in ("abc", str(2**64), "1.5", ""):
+            answer = await client.http.get(path, params={"filter_type": value}, headers={"apikey": mod})
+            assert answer.status_code in (200, 400), (path, value, answer.text)
+            if value:
+                assert (answer.status_code, answer.json()["rc"]) == (400, "BadRequest"), (path, value)
+    long = await client.http.get("/api/v2/filters", params={"contains": "c" * 1001}, headers={"apikey": mod})
+    assert (long.status_code, long.json()["rc"]) == (400, "BadRequest")
+    assert (
+        await client.http.get("/api/v2/filters", params={"filter_type": 2**62}, headers={"apikey": mod})
+    ).json() == []
+
+
 async def test_the_horde_holds_at_most_max_filters(db_url: str, clock: Any) -> None:
     from litestar.testing import AsyncTestClient
 
