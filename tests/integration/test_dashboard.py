@@ -66,6 +66,10 @@ async def _traffic_in_process(client: HordeClient, key: str) -> None:
     assert refused.status_code == 403, refused.text
     invite = await client.http.post("/api/v2/invites", json={}, headers={"apikey": key})
     assert invite.status_code == 200, invite.text
+    made = await client.http.put(
+        "/api/v2/filters", json={"regex": "gr[ae]y", "filter_type": 20}, headers={"apikey": key}
+    )
+    assert made.status_code == 200, made.text
 
 
 async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
@@ -184,7 +188,8 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
 
 async def _traffic(base: str, db_url: str) -> None:
     """Through the API: two workers pop, requests are admitted (one over the workers' capacity, one
-    refused), jobs complete and one faults, one request stays waiting; an invite code is made."""
+    refused), jobs complete and one faults, one request stays waiting; an invite code and a prompt
+    filter are made."""
     keys = await make_users(db_url, {"volunteer": 0, "client": 1000})
     worker_key, client_key = keys["volunteer"], keys["client"]
     pop_body = {"models": [MODEL], "max_length": 4096, "max_context_length": 8192}
@@ -233,6 +238,10 @@ async def _traffic(base: str, db_url: str) -> None:
         assert (await http.post("/api/v2/invites", json={"uses": 2})).status_code == 403
         moderator = await _make_moderator(db_url)
         made = await http.post("/api/v2/invites", json={"uses": 2}, headers={"apikey": moderator})
+        assert made.status_code == 200, made.text
+        made = await http.put(
+            "/api/v2/filters", json={"regex": "gr[ae]y", "filter_type": 20}, headers={"apikey": moderator}
+        )
         assert made.status_code == 200, made.text
 
 

@@ -20,7 +20,7 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
     app = create_app(make_settings(db_url), ManualClock(), run_sweeper=False)
     guarded: set[str] = set()
     for route in app.routes:
-        operator_paths = ("/operator", "/dashboard", "/api/v2/invites")
+        operator_paths = ("/operator", "/dashboard", "/api/v2/invites", "/api/v2/filters")
         if not isinstance(route, HTTPRoute) or not route.path.startswith(operator_paths):
             continue
         if route.path in OPEN or route.path.startswith("/dashboard/static"):
@@ -36,6 +36,8 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
         "/dashboard/users/create",
         "/dashboard/users/{user_id:str}/kudos", "/dashboard/users/{user_id:str}/flags",
         "/dashboard/users/{user_id:str}/delete",
+        "/dashboard/filters", "/dashboard/filters/{filter_id:str}/delete", "/api/v2/filters",
+        "/api/v2/filters/regex", "/api/v2/filters/{filter_id:str}",
     }  # fmt: skip
 
 
