@@ -72,9 +72,12 @@ class FilterCache:
         self._fresh_until = float("-inf")
         self._lock: asyncio.Lock | None = None
         self._compiled: dict[str, regex.Pattern[str]] = {}
+        self._changes = 0  # this process's changes so far: a read begun before one is stale at once
+        self._read_after = 0  # how many of them the copy's read began after
 
     def invalidate(self) -> None:
         """This process changed a filter: the next screening reads them again."""
+        self._changes += 1
         self._fresh_until = float("-inf")
 
     async def current(self, horde: Horde) -> FilterSet:
@@ -83,7 +86,7 @@ class FilterCache:
             return self._set
         if self._lock is None:
             self._lock = asyncio.Lock()
-        if self._lock.locked() and self._set is not None:
+        if self._lock.locked() and self._set is not None and self._read_after == self._changes:
             return self._set  # another request is reading them: this one goes on with the copy
         async with self._lock:
             if self._set is None or horde.clock.now() >= self._fresh_until:
@@ -92,7 +95,7 @@ class FilterCache:
             return self._set
 
     async def _reload(self, horde: Horde) -> None:
-        started = horde.clock.now()
+        started, changes = horde.clock.now(), self._changes
         try:
             async with horde.reading() as session:
                 rows = (await session.execute(_READ)).all()
@@ -103,7 +106,9 @@ class FilterCache:
             self._fresh_until = started + horde.settings.filters.reload_seconds
             return
         self._set = await asyncio.to_thread(self._build, [tuple(r) for r in rows])
-        self._fresh_until = started + horde.settings.filters.reload_seconds
+        self._read_after = changes
+        if changes == self._changes:  # else a change was written meanwhile: read again next time
+            self._fresh_until = started + horde.settings.filters.reload_seconds
 
     def _build(self, rows: list[tuple[int, str, int, str | None, str]]) -> FilterSet:
         compiled: dict[str, regex.Pattern[str]] = {}
