@@ -10,9 +10,9 @@ matched against every request, so one is checked before it is stored (`check`):
 - it compiles, in a child process bounded in memory and CPU time: nested counted repeats multiply
   (`((a{100}){100}){100}`), and some shapes crash the compiler outright, which must cost a child,
   not the server;
-- in that child, it stays within its time bound against probe texts (long runs of the characters
-  it names, words, spaces): a pattern that backtracks catastrophically on such text (`(a+)+$`) is
-  refused when it is written rather than cut off at every request;
+- in that child, it matches each probe text (a few kilobytes: runs of the characters it names,
+  words, spaces) within `PROBE_SECONDS`: a pattern that backtracks catastrophically on such text
+  (`(a+)+$`) is refused when it is written rather than cut off at every request;
 - it does not match empty text: it would match every prompt.
 
 The child needs no site-packages: it runs `python -I -S` with the `regex` package's directory on
@@ -49,6 +49,9 @@ CHILD_CPU_SECONDS = 5
 CHILD_WALL_SECONDS = 15.0
 PROBE_CHARS = 4096
 PROBE_LETTERS = 16  # distinct characters of the pattern given a run of their own
+# A probe's bound. Past it on a few kilobytes a pattern backtracks catastrophically; a fixed bound
+# (not `[filters] match_seconds`) so a pattern's fate does not hang on a setting or a busy host.
+PROBE_SECONDS = 0.1
 
 
 class Action(StrEnum):
@@ -150,9 +153,9 @@ def _library_path() -> str:
     return os.path.dirname(os.path.dirname(os.path.abspath(regex.__file__)))
 
 
-async def _child_problem(pattern: str, match_seconds: float) -> str | None:
+async def _child_problem(pattern: str) -> str | None:
     job = {
-        "pattern": pattern, "flags": int(FLAGS), "timeout": match_seconds, "probes": probes(pattern),
+        "pattern": pattern, "flags": int(FLAGS), "timeout": PROBE_SECONDS, "probes": probes(pattern),
         "memory": CHILD_MEMORY, "cpu_seconds": CHILD_CPU_SECONDS,
     }  # fmt: skip
     child = await asyncio.create_subprocess_exec(
@@ -180,9 +183,8 @@ async def _child_problem(pattern: str, match_seconds: float) -> str | None:
     return "takes too much memory or time to compile and match"
 
 
-async def check(pattern: str, match_seconds: float) -> None:
-    """Refuse (BadRequest, naming `regex`) a pattern screening could not afford; `match_seconds` is
-    one match's bound (`[filters] match_seconds`)."""
-    problem = static_problem(pattern) or await _child_problem(pattern, match_seconds)
+async def check(pattern: str) -> None:
+    """Refuse (BadRequest, naming `regex`) a pattern screening could not afford."""
+    problem = static_problem(pattern) or await _child_problem(pattern)
     if problem is not None:
         raise HordeError(Rc.BadRequest, f"The filter's regex {problem}.", errors={"regex": problem})

@@ -115,7 +115,7 @@ async def create(horde: Horde, moderator_id: int, body: FilterInput) -> FilterRe
         if there is not None:
             return await _with_user(session, there)
     settings = horde.settings.filters
-    await patterns.check(body.regex, settings.match_seconds)
+    await patterns.check(body.regex)
     now = horde.clock.now()
     async with horde.transaction() as session:
         await _serialized(session)
@@ -151,9 +151,8 @@ async def change(horde: Horde, moderator_id: int, filter_id: str, body: FilterPa
         pattern, filter_type = row.regex, row.filter_type
     if all(v is None for v in (body.regex, body.filter_type, body.description, body.replacement)):
         raise HordeError(Rc.NoFilterModSelected, "No filter patching selected!")
-    settings = horde.settings.filters
     if body.regex is not None and body.regex != pattern:
-        await patterns.check(body.regex, settings.match_seconds)
+        await patterns.check(body.regex)
     new_pattern = pattern if body.regex is None else body.regex
     new_type = filter_type if body.filter_type is None else body.filter_type
     async with horde.transaction() as session:
