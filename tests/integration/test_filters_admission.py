@@ -21,6 +21,7 @@ from horde_lite.clock import ManualClock
 from horde_lite.filters.store import regex_hash
 from tests.conftest import make_settings
 from tests.support.horde import ANON, HordeClient
+from tests.support.statements import statements_sent
 
 SECRET = r"\bsecret\s+plan\b"
 # A chat worker that takes image parts by URL (a message of the test carries one).
@@ -201,9 +202,13 @@ async def test_a_change_reaches_another_process_within_reload_seconds(
         assert (await two.create(ANON, prompt="a secret plan")).status_code == 202  # reads the filters: none
         made = await _filter(one, mod, regex=SECRET, filter_type=10, description="No.")
         assert (await one.create(ANON, prompt="a secret plan")).json()["rc"] == "CorruptPrompt"
-        assert (await two.create(ANON, prompt="a secret plan")).status_code == 202  # its copy is fresh
+        with statements_sent(second.state.horde.engine) as fresh:
+            assert (await two.create(ANON, prompt="a secret plan")).status_code == 202  # its copy is fresh
+        assert not [s for s in fresh if "FROM filters" in s.statement]
         clock.advance(settings.filters.reload_seconds)
-        assert (await two.create(ANON, prompt="a secret plan")).json()["rc"] == "CorruptPrompt"
+        with statements_sent(second.state.horde.engine) as due:
+            assert (await two.create(ANON, prompt="a secret plan")).json()["rc"] == "CorruptPrompt"
+        assert len([s for s in due if "FROM filters" in s.statement]) == 1
         # A deletion likewise.
         assert (
             await one.http.delete(f"/api/v2/filters/{made['id']}", headers={"apikey": mod})
