@@ -225,6 +225,42 @@ class ModifyTeamInput(_In):
     info: TeamInfo | None = None
 
 
+# A prompt filter (filters/patterns.py): upstream's types 10..29 (10-19 refuse, 20-29 replace), a
+# pattern checked before it is stored, a description shown to the clients it refuses, and upstream's
+# 255-character replacement column.
+FilterType = Annotated[int, msgspec.Meta(ge=10, le=29)]
+FilterPattern = Annotated[str, msgspec.Meta(min_length=1, max_length=2000)]
+FilterDescription = Annotated[str, msgspec.Meta(max_length=1000)]
+FilterReplacement = Annotated[str, msgspec.Meta(max_length=255)]
+# The longest prompt a moderator's check (POST /filters) takes.
+MAX_CHECKED_PROMPT = 100_000
+
+
+class FilterInput(_In, forbid_unknown_fields=True):
+    """PUT /filters (upstream's PutNewFilter)."""
+
+    regex: FilterPattern
+    filter_type: FilterType
+    description: FilterDescription | None = None
+    replacement: FilterReplacement = ""
+
+
+class FilterPatch(_In, forbid_unknown_fields=True):
+    """PATCH /filters/{id} (upstream's PatchExistingFilter): only the fields sent change."""
+
+    regex: FilterPattern | None = None
+    filter_type: FilterType | None = None
+    description: FilterDescription | None = None
+    replacement: FilterReplacement | None = None
+
+
+class FilterCheckInput(_In, forbid_unknown_fields=True):
+    """POST /filters: a prompt to check against the filters, of one type when `filter_type` is sent."""
+
+    prompt: Annotated[str, msgspec.Meta(max_length=MAX_CHECKED_PROMPT)]
+    filter_type: FilterType | None = None
+
+
 # A shared key's budget (-1: unlimited) and lifetime in days (-1: never expires), bounded so that
 # now + expiry days is a finite float and the budget a finite one.
 KeyKudos = Annotated[float, msgspec.Meta(ge=-1, le=1e12)]

@@ -43,6 +43,9 @@ class Rc(StrEnum):
     UntrustedTeamCreation = "UntrustedTeamCreation", 403
     NotOwner = "NotOwner", 403
     TooManyTeams = "TooManyTeams", 403
+    # Prompt filters (upstream's codes): a prompt a filter refuses, a PATCH naming nothing to change.
+    CorruptPrompt = "CorruptPrompt", 400
+    NoFilterModSelected = "NoFilterModSelected", 400
     # A new user's name (upstream's codes; an empty or hostile name is a BadRequest).
     TooLongUserName = "TooLongUserName", 400
     NameAlreadyExists = "NameAlreadyExists", 400
@@ -76,6 +79,7 @@ class Rc(StrEnum):
     WorkerMaintenance = "WorkerMaintenance", 403
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403
+    TooManyFilters = "TooManyFilters", 403
     NotModerator = "NotModerator", 403
     # Switching maintenance (upstream's admins), a new worker under invite-only, an untrusted user's
     # new worker in raid mode.
@@ -98,6 +102,7 @@ class Rc(StrEnum):
     UserNotFound = "UserNotFound", 404
     WorkerNotFound = "WorkerNotFound", 404
     SharedKeyNotFound = "SharedKeyNotFound", 404
+    FilterNotFound = "FilterNotFound", 404
     InviteNotFound = "InviteNotFound", 404
     ModelNotFound = "ModelNotFound", 404
     NotFound = "NotFound", 404

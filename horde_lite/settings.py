@@ -163,6 +163,29 @@ class TeamSettings(_Table):
             raise ValueError("[teams] max_per_user must be >= 0 (0 turns the limit off)")
 
 
+class FilterSettings(_Table):
+    """The prompt filters' bounds (horde_lite/filters): what one request's screening may cost."""
+
+    # How often each server process reads the filters again (a process that changed them reads
+    # them at once).
+    reload_seconds: float = 2.0
+    # One filter against one text: the regex library's timeout. It checks its clock now and then,
+    # so a match it cuts off may run a few times this long. A match cut off refuses the request.
+    match_seconds: float = 0.05
+    # Every filter against every text of one request: past it the request is refused.
+    admission_seconds: float = 0.5
+    # The most filters the horde may hold (each one is matched against every request).
+    max_filters: int = 200
+
+    def __post_init__(self) -> None:
+        if not 0 < self.reload_seconds <= 3600:
+            raise ValueError("[filters] reload_seconds must be > 0 and at most 3600")
+        if not 0 < self.match_seconds <= self.admission_seconds <= 60:
+            raise ValueError("[filters] need 0 < match_seconds <= admission_seconds <= 60")
+        if not 1 <= self.max_filters <= 10_000:
+            raise ValueError("[filters] max_filters must be between 1 and 10000")
+
+
 class LimitSettings(_Table):
     """The limits of a registered user a moderator has not set (accounts/limits.py); -1: none. The
     anonymous user has only what a moderator sets on it: it is everyone without a key."""
@@ -344,6 +367,7 @@ class Settings(_Table):
     sharedkeys: SharedKeySettings = msgspec.field(default_factory=SharedKeySettings)
     teams: TeamSettings = msgspec.field(default_factory=TeamSettings)
     limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
+    filters: FilterSettings = msgspec.field(default_factory=FilterSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)
     allowance: AllowanceSettings = msgspec.field(default_factory=AllowanceSettings)
     kudos: KudosSettings = msgspec.field(default_factory=KudosSettings)

@@ -83,6 +83,7 @@ AT_LEAST: dict[str, list[Schema]] = {
             ),
             ("ModifyTeamInput", ("name", "info")),
             ("HordeModesInput", ("maintenance_mode", "invite_only_mode", "raid_mode")),
+            ("FilterPatch", ("regex", "filter_type", "description", "replacement")),
         )
     },
 }

@@ -48,6 +48,7 @@ OPENAI_CODES: dict[Rc, tuple[str, str]] = {
     Rc.DailyTokenLimit: ("rate_limit_error", "rate_limit_exceeded"),
     Rc.ModelNotAllowed: ("permission_error", "model_not_allowed"),
     Rc.TimeoutIP: ("permission_error", "ip_timeout"),
+    Rc.CorruptPrompt: ("invalid_request_error", "content_policy_violation"),
     Rc.DatabaseUnavailable: ("service_unavailable", "database_unavailable"),
     Rc.NoEligibleWorker: ("service_unavailable", "no_eligible_worker"),
     Rc.QueueTimeout: ("service_unavailable", "queue_timeout"),

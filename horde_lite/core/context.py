@@ -17,6 +17,7 @@ from horde_lite.core.notify import Notifier
 from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
 from horde_lite.db.writer_turns import WriterTurns
+from horde_lite.filters.cache import FilterCache
 from horde_lite.metrics import Metrics
 from horde_lite.operators.ip_cache import LiveTimeouts
 from horde_lite.policies.registry import Policies
@@ -47,6 +48,8 @@ class Horde:
     modes: HordeModes = MODES_OFF
     # The live address timeouts as this process last read them (operators/ip_timeouts.py).
     ip_timeouts: LiveTimeouts = field(default_factory=LiveTimeouts, repr=False)
+    # This process's compiled copy of the prompt filters (filters/cache.py).
+    filters: FilterCache = field(default_factory=FilterCache, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 

@@ -19,6 +19,8 @@ from horde_lite.core.context import Horde
 from horde_lite.dashboard import modes_panel
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
+from horde_lite.filters import patterns
+from horde_lite.filters import store as filter_store
 from horde_lite.operators import ip_timeouts as address_timeouts
 from horde_lite.operators.ip_rule import MOST_HOURS
 from horde_lite.requests.admission_rule import AdmissionOutcome
@@ -228,6 +230,16 @@ async def usage(horde: Horde) -> dict[str, Any]:
     return {"view": view, "tokens_chart": tokens, "requests_chart": requests}
 
 
+async def prompt_filters(horde: Horde) -> dict[str, Any]:
+    return {
+        "filters": await filter_store.listing(horde),
+        "most": horde.settings.filters.max_filters,
+        "max_pattern": patterns.MAX_PATTERN,
+        "max_description": patterns.MAX_DESCRIPTION,
+        "max_replacement": patterns.MAX_REPLACEMENT,
+    }
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
@@ -259,5 +271,6 @@ PANELS: dict[str, Panel] = {
         Panel("modes", "Horde modes", modes_panel.context, wide=True),
         Panel("usage", "Usage (last 30 days)", usage, wide=True),
         Panel("timeouts", "Address timeouts", timeouts, wide=True),
+        Panel("filters", "Prompt filters", prompt_filters, wide=True),
     )
 }

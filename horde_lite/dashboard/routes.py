@@ -333,10 +333,11 @@ class DashboardPlugin(InitPluginProtocol):
     """Mounts the dashboard and its templates (an app that set its own template config keeps it)."""
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:
-        from horde_lite.dashboard.ip_actions import router as ip_router  # they import this module
+        from horde_lite.dashboard.filter_actions import router as filters_router  # they import this
+        from horde_lite.dashboard.ip_actions import router as ip_router  # module
         from horde_lite.dashboard.register import router as register_router
 
-        app_config.route_handlers.extend([router, register_router, ip_router])
+        app_config.route_handlers.extend([router, register_router, ip_router, filters_router])
         if app_config.template_config is None:
             app_config.template_config = template_config()
         return app_config

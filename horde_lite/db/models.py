@@ -16,6 +16,7 @@ from sqlalchemy import (
     Integer,
     String,
     Text,
+    UniqueConstraint,
     false,
     true,
 )
@@ -125,6 +126,29 @@ class InviteCode(Base):
     created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
     created_at: Mapped[float] = mapped_column(Float)
     revoked_at: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class PromptFilter(Base):
+    """A moderator's regular expression, screened against every request's prompt or messages
+    (horde_lite/filters): upstream's `filters`, whose type says whether a match refuses the request
+    or is replaced."""
+
+    __tablename__ = "filters"
+    # One filter per pattern and type (upstream's PUT answers the one there), compared by the
+    # pattern's hash: a pattern may be longer than a PostgreSQL index entry.
+    __table_args__ = (UniqueConstraint("filter_type", "regex_hash"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    regex: Mapped[str] = mapped_column(Text)
+    regex_hash: Mapped[str] = mapped_column(String(64))  # SHA-256 of `regex`, hex
+    filter_type: Mapped[int] = mapped_column(Integer)
+    # Shown to the client whose request it refuses; None: a generic line is.
+    description: Mapped[str | None] = mapped_column(String(1000), nullable=True)
+    replacement: Mapped[str] = mapped_column(String(255), default="", server_default="")
+    # The moderator who added it or changed it last.
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    created_at: Mapped[float] = mapped_column(Float)
+    updated_at: Mapped[float] = mapped_column(Float)
 
 
 class KudosEvent(Base):

@@ -18,6 +18,7 @@ from horde_lite.accounts.users import Requester
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Worker, WorkerModel
+from horde_lite.filters import screen
 from horde_lite.fronts import waiting
 from horde_lite.fronts.waiting import FrontRequest
 from horde_lite.inputs import ChatPayload
@@ -86,6 +87,7 @@ async def create(
     horde: Horde, caller: Caller, payload: ChatPayload, model: str, *, stream: bool
 ) -> FrontRequest:
     """Admit and queue a chat request from the /v1 front (HordeError for a refusal)."""
+    payload = await screen.screened_chat(horde, caller, payload)
     agent = caller.client_agent
     build = _spec_builder(horde, payload, model, stream=stream, dry_run=False, client_agent=agent)
     return await waiting.queue(horde, caller, build, model=model, stream=stream)
@@ -94,6 +96,7 @@ async def create(
 async def quote(horde: Horde, caller: Caller, payload: ChatPayload, model: str) -> Quote:
     """A chat dry run: judged exactly like the real request (refused the same way), then rolled
     back (`admission.decide`, the one dry run of both routes). Nothing is cached."""
+    payload = await screen.screened_chat(horde, caller, payload)
     agent = caller.client_agent
     build = _spec_builder(horde, payload, model, stream=False, dry_run=True, client_agent=agent)
     decided = await admission.decide(horde, caller, build)

@@ -28,6 +28,7 @@ from horde_lite.accounts.users import Requester
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Worker, WorkerModel
+from horde_lite.filters import screen
 from horde_lite.fronts import waiting
 from horde_lite.fronts.waiting import FrontRequest
 from horde_lite.inputs import TextRequestInput
@@ -122,6 +123,7 @@ def _spec_builder(
 async def create(horde: Horde, caller: Caller, body: TextRequestInput, *, stream: bool) -> FrontRequest:
     """Admit and queue the legacy text request of a /v1/completions call (HordeError for a refusal).
     `body.models` holds the one model asked for."""
+    body = await screen.screened_request(horde, caller, body)
     model = body.models[0]
     build = _spec_builder(horde, body, model, caller.client_agent)
     return await waiting.queue(

@@ -27,6 +27,7 @@ from horde_lite.db.models import (
     WorkerModel,
 )
 from horde_lite.db.rows import insert_rows
+from horde_lite.filters import screen
 from horde_lite.inputs import ChatPayload, TextRequestInput
 from horde_lite.metrics import allowance_attributes, wait_attributes
 from horde_lite.policies.kinds import PolicyKind
@@ -801,6 +802,7 @@ async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> 
     """POST /generate/text/async: a legacy prompt or a native chat payload (`dry_run`: a quote)."""
 
     worker_lists.check_lengths(body, horde.settings.request.max_worker_list)
+    body = await screen.screened_request(horde, caller, body)  # refused, or its replacements made
 
     async def build(session: AsyncSession, requester: Requester, in_force: InForce) -> AdmissionSpec:
         if body.chat is None:

@@ -70,6 +70,10 @@ async def _traffic_in_process(client: HordeClient, key: str) -> None:
         "/api/v2/operations/ipaddr", json={"ipaddr": "203.0.113.0/24", "hours": 1}, headers={"apikey": key}
     )
     assert timeout.status_code == 200, timeout.text
+    made = await client.http.put(
+        "/api/v2/filters", json={"regex": "gr[ae]y", "filter_type": 20}, headers={"apikey": key}
+    )
+    assert made.status_code == 200, made.text
 
 
 async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
@@ -188,7 +192,8 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
 
 async def _traffic(base: str, db_url: str) -> None:
     """Through the API: two workers pop, requests are admitted (one over the workers' capacity, one
-    refused), jobs complete and one faults, one request stays waiting; an invite code is made."""
+    refused), jobs complete and one faults, one request stays waiting; an invite code and a prompt
+    filter are made."""
     keys = await make_users(db_url, {"volunteer": 0, "client": 1000})
     worker_key, client_key = keys["volunteer"], keys["client"]
     pop_body = {"models": [MODEL], "max_length": 4096, "max_context_length": 8192}
@@ -241,6 +246,10 @@ async def _traffic(base: str, db_url: str) -> None:
         timeout = {"ipaddr": "203.0.113.0/24", "hours": 1}
         timed = await http.post("/api/v2/operations/ipaddr", json=timeout, headers={"apikey": moderator})
         assert timed.status_code == 200, timed.text
+        made = await http.put(
+            "/api/v2/filters", json={"regex": "gr[ae]y", "filter_type": 20}, headers={"apikey": moderator}
+        )
+        assert made.status_code == 200, made.text
 
 
 def _panels(dom: str) -> dict[str, str]:

@@ -20,7 +20,9 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
     app = create_app(make_settings(db_url), ManualClock(), run_sweeper=False)
     guarded: set[str] = set()
     for route in app.routes:
-        operator_paths = ("/operator", "/dashboard", "/api/v2/invites", "/api/v2/operations")
+        operator_paths = (
+            "/operator", "/dashboard", "/api/v2/invites", "/api/v2/operations", "/api/v2/filters"
+        )  # fmt: skip
         if not isinstance(route, HTTPRoute) or not route.path.startswith(operator_paths):
             continue
         if route.path in OPEN or route.path.startswith("/dashboard/static"):
@@ -39,6 +41,8 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
         "/api/v2/operations/ipaddr", "/api/v2/operations/ipaddr/{ipaddr:path}",
         "/api/v2/operations/block_worker_ipaddr/{worker_id:str}", "/dashboard/ip_timeouts",
         "/dashboard/ip_timeouts/lift",
+        "/dashboard/filters", "/dashboard/filters/{filter_id:str}/delete", "/api/v2/filters",
+        "/api/v2/filters/regex", "/api/v2/filters/{filter_id:str}",
     }  # fmt: skip
 
 

@@ -6,6 +6,7 @@ from litestar import Router
 
 from horde_lite.api.errors import HORDE_HANDLERS
 from horde_lite.api.horde import (
+    filters,
     generate,
     kudos,
     operations,
@@ -36,5 +37,6 @@ router = Router(
         *teams.HANDLERS,
         *register.HANDLERS,
         *operations.HANDLERS,
+        *filters.HANDLERS,
     ],
 )

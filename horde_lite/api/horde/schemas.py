@@ -17,6 +17,9 @@ from msgspec import UNSET, UnsetType
 # The request bodies the lifecycle consumes, re-exported: the face names every shape it speaks here.
 from horde_lite.inputs import (  # noqa: F401
     CreateTeamInput,
+    FilterCheckInput,
+    FilterInput,
+    FilterPatch,
     HordeModesInput,
     InviteInput,
     KudosAwardInput,
@@ -349,6 +352,49 @@ class ModifyTeam(msgspec.Struct, kw_only=True):
 class DeletedTeam(msgspec.Struct, kw_only=True):
     deleted_id: str
     deleted_name: str
+
+
+# --- prompt filters
+#
+# Upstream's FilterDetails, FilterPromptSuspicion and FilterRegex.
+
+
+class FilterDetails(msgspec.Struct, kw_only=True):
+    """A prompt filter. `id` is a string, as upstream answers it."""
+
+    id: str
+    regex: str
+    filter_type: int
+    description: str | None
+    replacement: str
+    user: str  # the moderator who added it or changed it last, "name#id"
+    action: Literal["block", "replace"]  # horde_lite's: what a match does (the type's range)
+
+
+class FilterMatch(msgspec.Struct, kw_only=True):
+    """horde_lite's: one filter's verdict on a checked prompt."""
+
+    id: str
+    filter_type: int
+    action: Literal["block", "replace"]
+    match: str | None  # the text it matched (its first 200 characters); null when cut off
+    timed_out: bool
+
+
+class FilterPromptSuspicion(msgspec.Struct, kw_only=True):
+    """POST /filters. `suspicion` is a string, as upstream answers it: "2" when a blocking filter
+    matched (the request would be refused), "1" when only replacing filters did, else "0"."""
+
+    suspicion: str
+    matches: list[str]
+    filters: list[FilterMatch]
+
+
+class FilterRegex(msgspec.Struct, kw_only=True):
+    """GET /filters/regex: one type's patterns joined by `|`."""
+
+    filter_type: int
+    regex: str
 
 
 class UserKudosDetails(msgspec.Struct, kw_only=True):
