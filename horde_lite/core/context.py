@@ -22,6 +22,7 @@ from horde_lite.queue.eligibility import Rules
 from horde_lite.queue.mirror import QueueMirror
 from horde_lite.requests.prices import ModelSizes
 from horde_lite.settings import Settings
+from horde_lite.webhooks.delivery import WebhookDeliveries
 
 log = logging.getLogger("horde_lite")
 
@@ -40,6 +41,8 @@ class Horde:
     mirror: QueueMirror = field(default=None, repr=False)  # type: ignore[assignment]
     # The horde's model sizes, which price every request (read from the settings unless given).
     sizes: ModelSizes = field(default=None, repr=False)  # type: ignore[assignment]
+    # Requests' webhooks, sent in the background after their submits commit.
+    webhooks: WebhookDeliveries = field(init=False, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 
@@ -48,6 +51,7 @@ class Horde:
             self.mirror = QueueMirror(self.settings)
         if self.sizes is None:
             self.sizes = ModelSizes.from_settings(self.settings.kudos)
+        self.webhooks = WebhookDeliveries(self.settings.webhooks, self.metrics)
         sqlite = self.engine.dialect.name == "sqlite"
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
 
