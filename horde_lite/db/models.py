@@ -304,7 +304,8 @@ class TextRequest(Base):
     # Where each finished generation is POSTed (webhooks/), checked at admission; upstream's length.
     webhook: Mapped[str | None] = mapped_column(String(1024), nullable=True)
     # A pop takes one of its jobs at a time, whatever `amount` it asks (upstream's disable_batching).
-    disable_batching: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
+    # No Python default: an insert that does not name it (an older schema's rows) takes the server's.
+    disable_batching: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class RequestModel(Base):
