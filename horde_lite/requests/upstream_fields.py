@@ -36,9 +36,10 @@ REFUSED_FIELDS: dict[str, str] = {
 
 
 def _sent(body: TextRequestInput, name: str) -> bool:
-    """Whether a refused field holds something other than upstream's default."""
+    """Whether a refused field holds something other than upstream's default (null; for
+    `extra_source_images`, an empty list too)."""
     value = getattr(body, name)
-    return value is not None and value != []
+    return value is not None and not (name == "extra_source_images" and value == [])
 
 
 def checked_webhook(body: TextRequestInput, settings: WebhookSettings) -> str | None:

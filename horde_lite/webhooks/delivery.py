@@ -209,6 +209,7 @@ class WebhookDeliveries:
                     self._metrics.webhook_ended("dropped", left)
                     log.warning("stopping with %d webhook(s) not delivered", left)
             elif not loop.is_closed():
-                for sender in lane.senders:
-                    loop.call_soon_threadsafe(sender.cancel)
+                with contextlib.suppress(RuntimeError):  # that loop closed meanwhile
+                    for sender in lane.senders:
+                        loop.call_soon_threadsafe(sender.cancel)
         self._lanes.clear()

@@ -103,13 +103,13 @@ def check_url(url: str, settings: WebhookSettings) -> str:
         raise _refused("the URL may not contain spaces or control characters.")
     try:
         parsed = httpx.URL(url)
-    except httpx.InvalidURL as e:
+        host, raw_host = parsed.host, parsed.raw_host.decode("ascii")
+    except (httpx.InvalidURL, ValueError) as e:  # an IDNA error is a ValueError
         raise _refused(f"not a URL ({e}).") from None
     schemes = ("https", "http") if settings.allow_http else ("https",)
     if parsed.scheme not in schemes:
         # Upstream's words: a webhook's body travels encrypted.
         raise _refused("webhooks need to point to an https endpoint.")
-    host = parsed.host
     if not host:
         raise _refused("the URL names no host.")
     if "%" in host:  # an escaped character, or an IPv6 zone: nothing a public host needs
@@ -117,7 +117,7 @@ def check_url(url: str, settings: WebhookSettings) -> str:
     if parsed.port is not None and not 1 <= parsed.port <= 65535:
         raise _refused(f"port {parsed.port} is not between 1 and 65535.")
     address = literal_address(host)
-    if address is None and not _HOSTNAME.match(parsed.raw_host.decode("ascii", "replace")):
+    if address is None and not _HOSTNAME.match(raw_host):
         raise _refused(f"{host!r} is neither a host name nor an IP address.")
     if address is not None and not settings.allow_private and (why := refusal(address)) is not None:
         raise _refused(f"{why}; webhooks reach only public addresses.")

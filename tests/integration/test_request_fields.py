@@ -63,6 +63,7 @@ async def test_what_horde_lite_cannot_honour_is_refused_by_name_and_keeps_nothin
     refused: list[tuple[dict[str, Any], str, str]] = [
         ({"softprompt": "my-softprompt"}, "BadRequest", "softprompt"),
         ({"softprompt": ""}, "BadRequest", "softprompt"),  # upstream refuses it too (min length 1)
+        ({"softprompt": []}, "BadRequest", "softprompt"),
         ({"style": "00000000-0000-0000-0000-000000000000"}, "BadRequest", "style"),
         ({"style": "a style name"}, "BadRequest", "style"),
         ({"extra_source_images": [{"image": "aGk=", "strength": 1}]}, "BadRequest", "extra_source_images"),

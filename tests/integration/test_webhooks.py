@@ -167,6 +167,7 @@ REFUSED_URLS = {
     "https://exa mple.com/": "spaces",
     "https://example.com:99999/": "port 99999",
     "https://a%2Fb/": "neither a host name",
+    "https://xn--/": "not a URL",  # an IDNA label that does not decode
     "https://127.0.0.1/": "loopback",
     "https://127.1/": "loopback",
     "https://2130706433/": "loopback",
