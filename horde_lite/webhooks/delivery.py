@@ -81,8 +81,8 @@ class _Lane:
     """One event loop's queue, its senders and their HTTP client."""
 
     queue: asyncio.Queue[Delivery]
-    client: httpx.AsyncClient
     senders: list[asyncio.Task[None]] = field(default_factory=list)
+    client: httpx.AsyncClient | None = None  # made by the first delivery, not by a submit
     busy: int = 0  # deliveries taken from the queue and not yet ended
 
 
@@ -113,13 +113,7 @@ class WebhookDeliveries:
         loop = asyncio.get_running_loop()
         lane = self._lanes.get(loop)
         if lane is None:
-            client = httpx.AsyncClient(
-                timeout=self._settings.timeout_seconds,
-                limits=httpx.Limits(max_keepalive_connections=0),
-                follow_redirects=False,
-                trust_env=False,  # no proxy from the environment: the connection goes where it was checked
-            )
-            lane = self._lanes[loop] = _Lane(asyncio.Queue(self._settings.queue_size), client)
+            lane = self._lanes[loop] = _Lane(asyncio.Queue(self._settings.queue_size))
             lane.senders = [
                 loop.create_task(self._sender(lane), name=f"webhook-sender-{n}")
                 for n in range(self._settings.senders)
@@ -130,6 +124,13 @@ class WebhookDeliveries:
         while True:
             delivery = await lane.queue.get()
             lane.busy += 1
+            if lane.client is None:  # loading the certificates takes a while: not in a submit
+                lane.client = httpx.AsyncClient(
+                    timeout=self._settings.timeout_seconds,
+                    limits=httpx.Limits(max_keepalive_connections=0),
+                    follow_redirects=False,
+                    trust_env=False,  # no proxy from the environment: it would connect elsewhere
+                )
             try:
                 outcome = await self._deliver(lane.client, delivery)
             except Exception:  # a fault of ours must not stop the sender
@@ -204,7 +205,8 @@ class WebhookDeliveries:
                 for sender in lane.senders:
                     sender.cancel()
                 await asyncio.gather(*lane.senders, return_exceptions=True)
-                await lane.client.aclose()
+                if lane.client is not None:
+                    await lane.client.aclose()
                 if left:
                     self._metrics.webhook_ended("dropped", left)
                     log.warning("stopping with %d webhook(s) not delivered", left)
