@@ -107,6 +107,8 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
                 sweeper.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await sweeper
+            # Webhooks under way get one attempt's time; those still waiting are dropped (counted).
+            await horde.webhooks.close(within=self.settings.webhooks.timeout_seconds)
             await horde.mirror.close()
             horde.metrics.shutdown()
             await engine.dispose()

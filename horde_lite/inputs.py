@@ -123,14 +123,50 @@ class ChatOptions(_In, kw_only=True):
     response_format: ResponseFormat | None = None
 
 
+# `[request] max_length_limit`'s default: the most output tokens a request may ask. Admission
+# refuses more than the setting; the schema states the default's bound, so that a body it calls
+# valid is not refused (a bound in the type would also refuse what a raised setting allows).
+DEFAULT_MAX_LENGTH_LIMIT = 16384
+MaxTokens = Annotated[int, msgspec.Meta(gt=0, extra_json_schema={"maximum": DEFAULT_MAX_LENGTH_LIMIT})]
+
+
 class ChatPayload(ChatOptions, kw_only=True):
     """A chat request on the native route (and, converted, from the /v1 front)."""
 
     messages: Annotated[list[ChatMessage], msgspec.Meta(min_length=1)]
-    max_tokens: Positive | None = None
+    max_tokens: MaxTokens | None = None
+
+    def __post_init__(self) -> None:
+        if self.max_tokens is not None and self.max_tokens > INT32_MAX:  # its column's bound
+            raise ValueError(f"max_tokens must be at most {INT32_MAX}")
 
 
-class TextRequestInput(_In):
+# A request's webhook: its length is the column's (text_requests.webhook, upstream's). What the
+# schema promises is accepted at the default settings: https and a DNS name starting with a letter
+# (never an IP literal, which only its address can judge), an optional port and a path of printable
+# ASCII; the server's own rule, with its reasons, is webhooks/targets.py's.
+WEBHOOK_MAX_LENGTH = 1024
+WEBHOOK_PATTERN = r"^https://[A-Za-z][A-Za-z0-9-]*(?:\.[A-Za-z0-9-]+)*(?::[1-9][0-9]{0,3})?(?:/[!-~]*)?$"
+WebhookUrl = Annotated[
+    str, msgspec.Meta(extra_json_schema={"maxLength": WEBHOOK_MAX_LENGTH, "pattern": WEBHOOK_PATTERN})
+]
+# Upstream's request fields for features horde_lite does not have: declared so that the value
+# clients send by default is accepted and any other is refused by name with its reason
+# (requests/upstream_fields.py), and described as accepting only that default.
+NullOnly = Annotated[Any, msgspec.Meta(extra_json_schema={"type": "null"})]
+NullOrEmptyText = Annotated[
+    Any, msgspec.Meta(extra_json_schema={"anyOf": [{"type": "null"}, {"type": "string", "maxLength": 0}]})
+]
+NullOrEmptyList = Annotated[
+    Any, msgspec.Meta(extra_json_schema={"anyOf": [{"type": "null"}, {"type": "array", "maxItems": 0}]})
+]
+
+
+class TextRequestInput(_In, forbid_unknown_fields=True):
+    """POST /generate/text/async (upstream's GenerationInputKobold, and a `chat` payload): every
+    upstream field is honoured or refused by name, and a field upstream does not have is refused
+    as unknown, never dropped."""
+
     prompt: str = ""
     params: dict[str, Any] = {}
     models: list[ModelName] = []
@@ -139,13 +175,16 @@ class TextRequestInput(_In):
     trusted_workers: bool = False
     slow_workers: bool = True
     extra_slow_workers: bool = False
+    validated_backends: bool = True
     allow_downgrade: bool = False
     dry_run: bool = False
     nsfw: bool = False
     disable_batching: bool = False
-    proxied_account: str | None = None
-    softprompt: str | None = None
-    webhook: str | None = None
+    webhook: WebhookUrl | None = None
+    proxied_account: NullOrEmptyText = None
+    softprompt: NullOnly = None
+    style: NullOnly = None
+    extra_source_images: NullOrEmptyList = None
     chat: ChatPayload | None = None
 
     def __post_init__(self) -> None:

@@ -54,6 +54,7 @@ __all__ = [
     "SHADOW_OUTCOMES",
     "SIZE_BUCKETS",
     "UNMATCHED_ROUTE",
+    "WEBHOOK_OUTCOMES",
     "WORKER_KINDS",
     "AllowanceOutcome",
     "Attributes",
@@ -65,6 +66,7 @@ __all__ = [
     "ShadowOutcome",
     "SizeBucket",
     "WaitingCount",
+    "WebhookOutcome",
     "WorkerKind",
     "allowance_attributes",
     "http_attributes",
@@ -75,6 +77,7 @@ __all__ = [
     "shadow_outcome_attributes",
     "size_bucket",
     "wait_attributes",
+    "webhook_attributes",
 ]
 
 METER_NAME: Final = "horde_lite"
@@ -234,6 +237,22 @@ def job_attributes(event: JobEvent, chat: bool) -> Attributes:
     """Attributes of a `horde.text.jobs` record."""
     _check(event, _JOB_EVENT_SET, "job event")
     return {_EVENT: event, _CHAT: chat}
+
+
+# How a generation's webhook ended (webhooks/delivery.py): delivered (a 2xx answer), given up after
+# its attempts, dropped (the process's queue was full, or the process stopped first) or refused
+# (its host resolved to an address webhooks may not reach). Upstream's metric and outcome names.
+WebhookOutcome = Literal["ok", "giveup", "dropped", "refused"]
+WEBHOOK_OUTCOMES: Final[tuple[WebhookOutcome, ...]] = get_args(WebhookOutcome)
+_WEBHOOK_OUTCOME_SET: Final[frozenset[str]] = frozenset(WEBHOOK_OUTCOMES)
+# Plainly `outcome`, as upstream's `horde.webhook.outcomes` has it.
+_WEBHOOK_OUTCOME: Final = "outcome"
+
+
+def webhook_attributes(outcome: WebhookOutcome) -> Attributes:
+    """Attributes of a `horde.webhook.outcomes` record."""
+    _check(outcome, _WEBHOOK_OUTCOME_SET, "webhook outcome")
+    return {_WEBHOOK_OUTCOME: outcome}
 
 
 def http_attributes(route: str | None, method: str, status: int) -> Attributes:
@@ -421,6 +440,13 @@ class Metrics:
         for event in JOB_EVENTS:  # every fixed label set present, at 0, from start-up
             for chat in (False, True):
                 self.jobs.add(0, job_attributes(event, chat))
+        self.webhook_outcomes = meter.create_counter(
+            "horde.webhook.outcomes",
+            unit="{delivery}",
+            description="Generation webhooks, by how each ended (ok, giveup, dropped, refused).",
+        )
+        for outcome in WEBHOOK_OUTCOMES:  # every outcome present, at 0, from start-up
+            self.webhook_outcomes.add(0, webhook_attributes(outcome))
         self.http_request_duration = meter.create_histogram(
             "http.server.request.duration",
             unit="s",
@@ -435,6 +461,10 @@ class Metrics:
     def job_ended(self, outcome: str, chat: bool) -> None:
         """Count a real job's end, named as the settlement names it (completed, faulted, aborted)."""
         self.job_event(_END_EVENTS[outcome], chat)
+
+    def webhook_ended(self, outcome: WebhookOutcome, deliveries: int = 1) -> None:
+        """Count `deliveries` generation webhooks that ended with `outcome`."""
+        self.webhook_outcomes.add(deliveries, webhook_attributes(outcome))
 
     def http_request(self, route: str | None, method: str, status: int, seconds: float) -> None:
         """Record one answered HTTP request (see `http_attributes`)."""

@@ -54,6 +54,9 @@ class Rc(StrEnum):
     KudosAwardToAnon = "KudosAwardToAnon", 400
     TeamNotFound = "TeamNotFound", 404
     MissingPrompt = "MissingPrompt", 400
+    # A text request's upstream fields (requests/upstream_fields.py; upstream's codes).
+    OnlyServiceAccountProxy = "OnlyServiceAccountProxy", 400
+    RequiresTrust = "RequiresTrust", 400
     TokenOverflow = "TokenOverflow", 400
     ContextLengthExceeded = "ContextLengthExceeded", 400
     DuplicateGen = "DuplicateGen", 400

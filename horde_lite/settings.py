@@ -19,6 +19,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
+from horde_lite.inputs import DEFAULT_MAX_LENGTH_LIMIT
 from horde_lite.policies.kinds import PolicyKind
 
 ENV_PREFIX = "HORDE_LITE_"
@@ -209,7 +210,7 @@ class LimitSettings(_Table):
 
 class RequestSettings(_Table):
     expiry_seconds: float = 1200
-    max_length_limit: int = 16384
+    max_length_limit: int = DEFAULT_MAX_LENGTH_LIMIT
     max_n: int = 20
     # Requests a single requester may have waiting at once (upstream TooManyPrompts).
     max_waiting_per_user: int = 100
@@ -355,6 +356,33 @@ class UsageSettings(_Table):
             raise ValueError("[usage] keep_days must be between 0 (forever) and 100000")
 
 
+class WebhookSettings(_Table):
+    """Webhooks of text requests (horde_lite/webhooks): where they may point and how they are sent."""
+
+    # Deliver to loopback, private, link-local and other non-public addresses too (receivers on
+    # the horde's own network); off, a webhook reaches only public addresses.
+    allow_private: bool = False
+    # Accept http:// URLs as well as https:// (upstream accepts only https).
+    allow_http: bool = False
+    # One attempt's limit, name resolution, connection and answer included.
+    timeout_seconds: float = 3.0
+    # Attempts per generation, and the wait before the second (doubled before each later one).
+    attempts: int = 3
+    retry_seconds: float = 1.0
+    # Deliveries waiting in each server process; one more is dropped (and counted).
+    queue_size: int = 256
+    # Deliveries under way at once in each server process.
+    senders: int = 4
+
+    def __post_init__(self) -> None:
+        if not 0 < self.timeout_seconds <= 60 or not 0 <= self.retry_seconds <= 600:
+            raise ValueError("[webhooks] needs 0 < timeout_seconds <= 60 and 0 <= retry_seconds <= 600")
+        if not 1 <= self.attempts <= 10:
+            raise ValueError("[webhooks] attempts must be between 1 and 10")
+        if not 1 <= self.queue_size <= 100_000 or not 1 <= self.senders <= 64:
+            raise ValueError("[webhooks] needs queue_size between 1 and 100000 and senders between 1 and 64")
+
+
 class Settings(_Table):
     database: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
@@ -374,6 +402,7 @@ class Settings(_Table):
     policies: PoliciesSettings = msgspec.field(default_factory=PoliciesSettings)
     usage: UsageSettings = msgspec.field(default_factory=UsageSettings)
     moderation: ModerationSettings = msgspec.field(default_factory=ModerationSettings)
+    webhooks: WebhookSettings = msgspec.field(default_factory=WebhookSettings)
 
 
 class SettingsError(Exception):

@@ -23,12 +23,17 @@ from litestar.typing import FieldDefinition
 T = TypeVar("T")
 
 _AT = re.compile(r"^(?P<reason>.*) - at `\$\.?(?P<path>[^`]*)`$", re.DOTALL)
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<field>.*)`$", re.DOTALL)
 
 
 def validation_error(error: msgspec.ValidationError) -> ValidationException:
-    """A msgspec validation failure as Litestar's own, naming the field (`params`, `models[0]`)."""
+    """A msgspec validation failure as Litestar's own, naming the field (`params`, `models[0]`; an
+    unknown field by its own name, `chat.foo`)."""
     found = _AT.match(str(error))
-    reason, path = (found["reason"], found["path"] or "body") if found else (str(error), "body")
+    reason, path = (found["reason"], found["path"]) if found else (str(error), "")
+    if unknown := _UNKNOWN.match(reason):
+        path = f"{path}.{unknown['field']}" if path else unknown["field"]
+    path = path or "body"
     return ValidationException(
         detail=f"{path}: {reason}", extra=[{"message": reason, "key": path, "source": "body"}]
     )

@@ -25,6 +25,7 @@ from horde_lite.queue.eligibility import Rules
 from horde_lite.queue.mirror import QueueMirror
 from horde_lite.requests.prices import ModelSizes
 from horde_lite.settings import Settings
+from horde_lite.webhooks.delivery import WebhookDeliveries
 
 log = logging.getLogger("horde_lite")
 
@@ -50,6 +51,8 @@ class Horde:
     ip_timeouts: LiveTimeouts = field(default_factory=LiveTimeouts, repr=False)
     # This process's compiled copy of the prompt filters (filters/cache.py).
     filters: FilterCache = field(default_factory=FilterCache, repr=False)
+    # Requests' webhooks, sent in the background after their submits commit.
+    webhooks: WebhookDeliveries = field(init=False, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 
@@ -58,6 +61,7 @@ class Horde:
             self.mirror = QueueMirror(self.settings)
         if self.sizes is None:
             self.sizes = ModelSizes.from_settings(self.settings.kudos)
+        self.webhooks = WebhookDeliveries(self.settings.webhooks, self.metrics)
         sqlite = self.engine.dialect.name == "sqlite"
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
 

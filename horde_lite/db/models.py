@@ -344,6 +344,11 @@ class TextRequest(Base):
     requested_max_length: Mapped[int] = mapped_column(Integer)
     context_adjustments: Mapped[list[Any]] = mapped_column(JsonDoc, default=list)
     client_agent: Mapped[str] = mapped_column(String(255), default="")
+    # Where each finished generation is POSTed (webhooks/), checked at admission; upstream's length.
+    webhook: Mapped[str | None] = mapped_column(String(1024), nullable=True)
+    # A pop takes one of its jobs at a time, whatever `amount` it asks (upstream's disable_batching).
+    # No Python default: an insert that does not name it (an older schema's rows) takes the server's.
+    disable_batching: Mapped[bool] = mapped_column(Boolean, server_default=false())
 
 
 class RequestModel(Base):

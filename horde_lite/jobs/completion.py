@@ -22,6 +22,8 @@ from horde_lite.jobs.settlement import give_back, maybe_finish, shadow_outcome
 from horde_lite.operators import usage
 from horde_lite.rc import Rc
 from horde_lite.requests import prices
+from horde_lite.webhooks import payload as webhook
+from horde_lite.webhooks.delivery import Delivery
 
 log = logging.getLogger("horde_lite.completion")
 
@@ -141,8 +143,15 @@ def require_live(generation: Generation) -> None:
         raise HordeError(Rc.DuplicateGen, "This generation was already submitted.")
 
 
-async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: SubmitInput) -> float:
-    """Store a worker's result and return its reward."""
+@dataclass(frozen=True, slots=True)
+class Stored:
+    reward: float  # 0 for a fault and for a paused worker's fake job
+    webhook: Delivery | None = None  # to send once the submit has committed
+
+
+async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: SubmitInput) -> Stored:
+    """Store a worker's result: its reward and its request's webhook, if any (a fault and a paused
+    worker's fake job have none, as upstream sends it only for a stored generation)."""
     now = horde.clock.now()
     generation, worker, request, owner = await load_generation_for_worker(
         session, apikey, body.id, horde, now
@@ -157,7 +166,7 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
             await owner_limits.note_failure(session, horde.settings, worker, now)
             await shadow_outcome(session, horde, generation, worker, request, "faulted")
             horde.notifier.on_commit(session, request.id, remote=request.waited)
-        return 0.0
+        return Stored(0.0)
     text = body.generation
     # Past the job's bound nothing is stored and the job stays the worker's (it may submit again).
     message = body.chat.message if body.chat is not None else None
@@ -182,7 +191,7 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
     generation.gen_metadata = body.gen_metadata
     generation.tokens = tokens
     if generation.fake:
-        return 0.0
+        return Stored(0.0)
     reward = prices.job_reward(
         horde.sizes, tokens, generation.model, request.price_context, owner.trusted, request.job_price
     )
@@ -227,7 +236,7 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",
         generation.id, request.id, worker.id, tokens, reward,
     )  # fmt: skip
-    return reward
+    return Stored(reward, webhook.delivery(request, generation, worker, reward))
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,8 +246,10 @@ class Submitted:
 
 async def submit_job(horde: Horde, caller: Caller, body: SubmitInput) -> Submitted:
     """POST /generate/text/submit: the submit as the job's lease holder (a lapse of the job is
-    honoured first)."""
-    reward = await as_lease_holder(
+    honoured first). Its webhook is queued once the submit has committed, never waited for."""
+    stored = await as_lease_holder(
         horde, caller, lambda session, apikey: submit(session, horde, apikey, body)
     )
-    return Submitted(reward=reward)
+    if stored.webhook is not None:
+        horde.webhooks.send(stored.webhook)
+    return Submitted(reward=stored.reward)

@@ -282,8 +282,10 @@ async def pop(
     if found is None:
         return worker, None
     request, capable = found
+    # A request that disables batching gives a pop one of its jobs, whatever `amount` it asks.
+    amount = 1 if request.disable_batching else body.amount
     taken = take(
-        fake=fake, amount=body.amount, n_remaining=request.n_remaining, max_length=request.max_length,
+        fake=fake, amount=amount, n_remaining=request.n_remaining, max_length=request.max_length,
         capacity=worker.capacity,
     )  # fmt: skip
     # Core statements for the pop's writes: the ORM's unit of work cost more than the statements.

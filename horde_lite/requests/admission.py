@@ -35,7 +35,7 @@ from horde_lite.policies.protocols import AllowanceInputs
 from horde_lite.queue.estimate import Estimate, estimate, horde_totals, queued_row
 from horde_lite.rc import Rc
 from horde_lite.requests import chat as chat_rules
-from horde_lite.requests import prices, worker_lists
+from horde_lite.requests import prices, upstream_fields, worker_lists
 from horde_lite.requests.admission_rule import (
     AdmissionFacts,
     AdmissionOutcome,
@@ -79,6 +79,8 @@ class AdmissionSpec:
     requested_max_length: int = 0
     context_adjustments: list[dict[str, Any]] = field(default_factory=list)
     client_agent: str = ""
+    webhook: str | None = None  # checked (requests/upstream_fields.py)
+    disable_batching: bool = False
 
 
 @dataclass(frozen=True)
@@ -441,6 +443,8 @@ def _new_row(settings: Settings, spec: AdmissionSpec, now: float) -> TextRequest
         requested_max_length=spec.requested_max_length or spec.max_length,
         context_adjustments=spec.context_adjustments,
         client_agent=spec.client_agent[:255],
+        webhook=spec.webhook,
+        disable_batching=spec.disable_batching,
     )
     return row
 
@@ -802,6 +806,7 @@ async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> 
     """POST /generate/text/async: a legacy prompt or a native chat payload (`dry_run`: a quote)."""
 
     worker_lists.check_lengths(body, horde.settings.request.max_worker_list)
+    webhook = upstream_fields.checked_webhook(body, horde.settings.webhooks)
     body = await screen.screened_request(horde, caller, body)  # refused, or its replacements made
 
     async def build(session: AsyncSession, requester: Requester, in_force: InForce) -> AdmissionSpec:
@@ -812,6 +817,8 @@ async def request_text(horde: Horde, caller: Caller, body: TextRequestInput) -> 
                 session, horde, in_force, requester, body.chat, models=body.models, dry_run=body.dry_run,
                 base=body, client_agent=caller.client_agent,
             )  # fmt: skip
+        spec.webhook = webhook
+        spec.disable_batching = upstream_fields.batching_disabled(body, requester.user, spec.n)
         # A deny-list, when sent, is the request's whole choice of workers (its allow-list is not read).
         allow = [] if spec.worker_deny else spec.workers
         spec.workers, spec.worker_deny = await worker_lists.resolve(session, allow, spec.worker_deny)

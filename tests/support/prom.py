@@ -23,6 +23,7 @@ Instrument (OpenTelemetry name, kind, unit) -> Prometheus sample names:
 - horde.text.queue_wait_seconds (histogram, s) ->
   ``horde_text_queue_wait_seconds_bucket`` / ``_count`` / ``_sum``
 - horde.text.jobs (counter) -> ``horde_text_jobs_total``
+- horde.webhook.outcomes (counter) -> ``horde_webhook_outcomes_total``
 - http.server.request.duration (histogram, s) ->
   ``http_server_request_duration_seconds_bucket`` / ``_count`` / ``_sum``
 
@@ -64,6 +65,7 @@ OPERATIONAL_FAMILIES: dict[str, str] = {
     "horde_text_waiting_requests": "gauge",
     "horde_text_queued_tokens": "gauge",
     "horde_workers_online": "gauge",
+    "horde_webhook_outcomes": "counter",
 }
 
 

@@ -18,6 +18,7 @@ from horde_lite.metrics import (
     SECONDS_BUCKETS,
     SIZE_BUCKETS,
     UNMATCHED_ROUTE,
+    WEBHOOK_OUTCOMES,
     WORKER_KINDS,
 )
 from tests.support.horde import ANON, HordeClient
@@ -67,6 +68,7 @@ FAMILIES: dict[str, tuple[str, dict[str, set[str]]]] = {
     "horde_text_waiting_requests": ("gauge", {"horde_model": MODELS, "horde_chat": BOOL}),
     "horde_text_queued_tokens": ("gauge", {"horde_model": MODELS, "horde_chat": BOOL}),
     "horde_workers_online": ("gauge", {"horde_model": MODELS, "horde_worker_kind": set(WORKER_KINDS)}),
+    "horde_webhook_outcomes": ("counter", {"outcome": set(WEBHOOK_OUTCOMES)}),
 }
 # The scrape-time gauges are not OpenTelemetry instruments: no otel_scope_* labels.
 UNSCOPED = {"horde_text_waiting_requests", "horde_text_queued_tokens", "horde_workers_online"}

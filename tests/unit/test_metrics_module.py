@@ -20,6 +20,7 @@ from horde_lite.metrics import (
     OTHER_MODELS,
     SECONDS_BUCKETS,
     SIZE_BUCKETS,
+    WEBHOOK_OUTCOMES,
     WORKER_KINDS,
     Metrics,
     OnlineCount,
@@ -269,6 +270,7 @@ def test_no_attribute_carries_an_unbounded_value(metrics: Metrics) -> None:
         | {"true", "false", "completed", "faulted", "aborted", "free", "funded", "refused", "downgraded"}
         | {"anonymous", "registered", "shared_key"}
         | set(JOB_EVENTS)
+        | set(WEBHOOK_OUTCOMES)
     )
     seen = 0
     for name, labels, _ in samples(_text(metrics)):

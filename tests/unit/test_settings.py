@@ -30,6 +30,15 @@ CONTRACT: dict[str, dict[str, object]] = {
     "request": {"expiry_seconds": 1200, "max_length_limit": 16384},
     "chat": {"grace_seconds": 60, "max_queue_wait_seconds": 300, "default_max_tokens": 512},
     "allowance": {"ceiling": 4096, "floor": 512, "wait_full_seconds": 60, "wait_floor_seconds": 300},
+    "webhooks": {
+        "allow_private": False,
+        "allow_http": False,
+        "timeout_seconds": 3,
+        "attempts": 3,
+        "retry_seconds": 1,
+        "queue_size": 256,
+        "senders": 4,
+    },
     "policies": {
         "speed_gate": "prefer_capable",
         "allowance_curve": "estimated_wait",
@@ -165,6 +174,9 @@ def test_missing_named_file_is_an_error(elsewhere: Path) -> None:
         ("[lease\n", "not valid TOML"),
         ('[accounts]\nregistration = "anyone"\n', "[accounts] registration"),
         ("[ratelimit]\nregister_per_hour = -1\n", "[ratelimit] limits must be >= 0"),
+        ("[webhooks]\nattempts = 0\n", "[webhooks] attempts must be between 1 and 10"),
+        ("[webhooks]\ntimeout_seconds = 0\n", "[webhooks] needs 0 < timeout_seconds"),
+        ('[webhooks]\nallow_private = "yes"\n', "[webhooks] allow_private"),
     ],
 )
 def test_bad_file_names_the_key(elsewhere: Path, text: str, names: str) -> None:
