@@ -5,7 +5,18 @@ from __future__ import annotations
 from litestar import Router
 
 from horde_lite.api.errors import HORDE_HANDLERS
-from horde_lite.api.horde import generate, kudos, progress, register, stats, status, teams, users, workers
+from horde_lite.api.horde import (
+    generate,
+    kudos,
+    progress,
+    register,
+    stats,
+    status,
+    teams,
+    users,
+    worker_messages,
+    workers,
+)
 from horde_lite.api.strict_body import StrictBody
 
 router = Router(
@@ -18,6 +29,7 @@ router = Router(
         *generate.HANDLERS,
         *progress.HANDLERS,
         *status.HANDLERS,
+        *worker_messages.HANDLERS,
         *workers.HANDLERS,
         *users.HANDLERS,
         *stats.HANDLERS,
