@@ -278,6 +278,11 @@ async def _actor(session: AsyncSession, who: Actor, now: float) -> User:
     return user
 
 
+async def acting_user(session: AsyncSession, who: Actor, now: float) -> User:
+    """The user acting, for other modules' actions that the dashboard also offers."""
+    return await _actor(session, who, now)
+
+
 def _moderator(actor: User, action: str) -> None:
     if not actor.moderator:
         raise HordeError(Rc.NotModerator, f"Only a moderator can {action}.")

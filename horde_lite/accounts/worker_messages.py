@@ -24,6 +24,7 @@ from sqlalchemy import ColumnElement, bindparam, delete, exists, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.accounts import owner_limits
+from horde_lite.accounts.profiles import Actor, acting_user
 from horde_lite.accounts.users import ANONYMOUS_PUBLIC_ID, authenticate_user, public_id
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
@@ -60,7 +61,7 @@ def _record(row: WorkerMessage) -> MessageRecord:
     )  # fmt: skip
 
 
-def _canonical(value: str) -> str | None:
+def canonical(value: str) -> str | None:
     """An id as the table holds it (a UUID, lowercase with dashes), or None when it is not one."""
     try:
         return str(uuid.UUID(value))
@@ -107,19 +108,19 @@ def _text(value: str, field: str, *, lines: bool) -> str:
     return text
 
 
-async def send(horde: Horde, caller: Caller, body: WorkerMessageInput) -> MessageRecord:
-    """POST /workers/messages."""
+async def send(horde: Horde, who: Actor, body: WorkerMessageInput) -> MessageRecord:
+    """POST /workers/messages, and the dashboard's form (a signed-in moderator)."""
     message = _text(body.message, "message", lines=True)
     origin = _text(body.origin, "origin", lines=False) if body.origin is not None else None
     now = horde.clock.now()
     async with horde.transaction() as session:
-        sender = await authenticate_user(session, caller.apikey, now)
+        sender = await acting_user(session, who, now)
         if sender.anonymous:
             raise HordeError(Rc.AnonForbidden, "The anonymous user cannot send worker messages: use a key.")
         worker_id = None
         if body.worker_id is not None:
-            canonical = _canonical(body.worker_id)
-            worker = await session.get(Worker, canonical) if canonical is not None else None
+            wanted = canonical(body.worker_id)
+            worker = await session.get(Worker, wanted) if wanted is not None else None
             if worker is None or worker.deleted_at is not None:
                 raise HordeError(Rc.WorkerNotFound, f"No worker with id {body.worker_id[:64]!r}.")
             worker_id = worker.id
@@ -144,8 +145,8 @@ async def send(horde: Horde, caller: Caller, body: WorkerMessageInput) -> Messag
 
 
 async def _message(session: AsyncSession, message_id: str) -> WorkerMessage:
-    canonical = _canonical(message_id)
-    row = await session.get(WorkerMessage, canonical) if canonical is not None else None
+    wanted = canonical(message_id)
+    row = await session.get(WorkerMessage, wanted) if wanted is not None else None
     if row is None:
         raise HordeError(Rc.WorkermessageNotFound, f"WorkerMessage with ID {message_id[:64]!r} not found.")
     return row
@@ -157,11 +158,11 @@ async def show(horde: Horde, message_id: str) -> MessageRecord:
         return _record(await _message(session, message_id))
 
 
-async def remove(horde: Horde, caller: Caller, message_id: str) -> None:
-    """DELETE /workers/messages/{id}: the sender or a moderator."""
+async def remove(horde: Horde, who: Actor, message_id: str) -> None:
+    """DELETE /workers/messages/{id}: the sender or a moderator (the dashboard's too)."""
     now = horde.clock.now()
     async with horde.transaction() as session:
-        actor = await authenticate_user(session, caller.apikey, now)
+        actor = await acting_user(session, who, now)
         row = await _message(session, message_id)
         if row.user_id != actor.id and not actor.moderator:
             raise HordeError(Rc.Forbidden, "You can only delete your own messages.")
@@ -198,7 +199,7 @@ async def listing(
             theirs = select(Worker.id).where(Worker.owner_id == about)
             query = query.where(or_(m.user_id == about, m.worker_id.in_(theirs), m.worker_id.is_(None)))
         if worker_id is not None:
-            query = query.where(m.worker_id == (_canonical(worker_id) or ""))
+            query = query.where(m.worker_id == (canonical(worker_id) or ""))
         if validity == "active":
             query = query.where(m.expires_at > now)
         elif validity == "expired":
@@ -216,6 +217,29 @@ async def _user_row_id(session: AsyncSession, user_id: int) -> int | None:
     else:
         found = select(User.id).where(User.id == user_id, User.anonymous.is_(False))
     return (await session.execute(found)).scalar_one_or_none()
+
+
+@dataclass(frozen=True, slots=True)
+class ListedMessage:
+    """A message as the dashboard lists it: with its worker's name (None: to every worker)."""
+
+    record: MessageRecord
+    worker_name: str | None
+    expired: bool
+
+
+async def recent(horde: Horde, limit: int = PAGE_SIZE) -> list[ListedMessage]:
+    """The newest messages, expired or not, for the dashboard's panel."""
+    now = horde.clock.now()
+    query = (
+        select(WorkerMessage, Worker.name)
+        .outerjoin(Worker, Worker.id == WorkerMessage.worker_id)
+        .order_by(WorkerMessage.created_at.desc(), WorkerMessage.id)
+        .limit(limit)
+    )
+    async with horde.reading() as session:
+        rows = (await session.execute(query)).tuples().all()
+    return [ListedMessage(_record(m), name, m.expires_at <= now) for m, name in rows]
 
 
 async def trim(session: AsyncSession, now: float, keep_expired_days: int) -> int:

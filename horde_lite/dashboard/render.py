@@ -15,6 +15,7 @@ from typing import Any
 from jinja2 import Environment
 
 from horde_lite.accounts import invites as invite_codes
+from horde_lite.accounts import worker_messages
 from horde_lite.core.context import Horde
 from horde_lite.dashboard import queries as data
 from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, duration, xy_chart
@@ -221,6 +222,10 @@ async def usage(horde: Horde) -> dict[str, Any]:
     return {"view": view, "tokens_chart": tokens, "requests_chart": requests}
 
 
+async def messages(horde: Horde) -> dict[str, Any]:
+    return {"rows": await worker_messages.recent(horde), "shown": worker_messages.PAGE_SIZE}
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
@@ -250,5 +255,6 @@ PANELS: dict[str, Panel] = {
         Panel("users", "Users", users, wide=True, searchable=True),
         Panel("invites", "Invite codes", invites, wide=True),
         Panel("usage", "Usage (last 30 days)", usage, wide=True),
+        Panel("messages", "Worker messages", messages, wide=True),
     )
 }
