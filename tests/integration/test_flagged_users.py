@@ -182,3 +182,28 @@ async def test_kudos_neither_leave_nor_reach_a_flagged_user(client: HordeClient)
         "/api/v2/kudos/transfer", json={"username": "friend", "amount": 10}, headers={"apikey": suspect}
     )
     assert sent.json() == {"transferred": 10.0}, sent.text
+
+
+async def test_the_dashboards_users_panel_flags_and_clears(client: HordeClient) -> None:
+    mod = await client.user("mod", moderator=True)
+    alice = await client.user("alice")
+    alice_id = await _id(client, alice)
+    as_mod = {"apikey": mod}
+    done = await client.http.post(
+        f"/dashboard/users/{alice_id}/flags", data={"flagged": "true"}, headers=as_mod
+    )
+    assert done.status_code == 200, done.text
+    assert "flagged on" in done.text
+    assert (await client.http.get("/api/v2/find_user", headers={"apikey": alice})).json()["flagged"] is True
+    panel = (await client.http.get("/dashboard/panels/users", headers=as_mod)).text
+    row = panel[panel.index('data-user="alice#') :].split("</tr>")[0]
+    assert 'name="flagged" value="false"' in row
+    assert ">Unflag<" in row
+    refused = await client.http.post("/dashboard/users/0/flags", data={"flagged": "true"}, headers=as_mod)
+    assert refused.status_code == 400
+    assert "anonymous user cannot be flagged" in refused.text
+    cleared = await client.http.post(
+        f"/dashboard/users/{alice_id}/flags", data={"flagged": "false"}, headers=as_mod
+    )
+    assert "flagged off" in cleared.text
+    assert (await client.http.get("/api/v2/find_user", headers={"apikey": alice})).json()["flagged"] is False
