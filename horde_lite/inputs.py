@@ -198,15 +198,31 @@ class WorkerUpdate(_In):
 # which is capped at 30 days (a longer one is lowered to it, as upstream writes it).
 MESSAGE_MAX_CHARACTERS = 10_240
 MESSAGE_MAX_HOURS = 30 * 24
+# What accounts/worker_messages.py refuses, stated in the schema: control characters (a message may
+# hold line breaks and tabs), and a text of spaces only.
+_CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f"
+_ALL_CONTROLS = r"\x00-\x1f\x7f-\x9f"
+MESSAGE_PATTERN = f"^[^{_CONTROLS}]*[^\\s{_ALL_CONTROLS}][^{_CONTROLS}]*$"
+ORIGIN_PATTERN = f"^[^{_ALL_CONTROLS}]*[^\\s{_ALL_CONTROLS}][^{_ALL_CONTROLS}]*$"
 
 
 class WorkerMessageInput(_In, forbid_unknown_fields=True):
     """POST /workers/messages (upstream's message input): to one worker, or with no `worker_id` to
     every worker (moderators only); `origin` is a moderator's choice, a user's own id otherwise."""
 
-    message: Annotated[str, msgspec.Meta(min_length=1, max_length=MESSAGE_MAX_CHARACTERS)]
+    message: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1, max_length=MESSAGE_MAX_CHARACTERS, extra_json_schema={"pattern": MESSAGE_PATTERN}
+        ),
+    ]
     worker_id: Id | None = None
-    origin: Annotated[str, msgspec.Meta(min_length=1, max_length=255)] | None = None
+    origin: (
+        Annotated[
+            str, msgspec.Meta(min_length=1, max_length=255, extra_json_schema={"pattern": ORIGIN_PATTERN})
+        ]
+        | None
+    ) = None
     expiry: Annotated[
         int, msgspec.Meta(ge=1, le=INT32_MAX, extra_json_schema={"description": "hours; over 720 is 720"})
     ] = 12

@@ -96,16 +96,15 @@ async def live_for(session: AsyncSession, worker_id: str, now: float) -> list[Me
 
 
 def _text(value: str, field: str, *, lines: bool) -> str:
-    """A message or an origin as stored: not blank, without control characters (a message may
-    hold line breaks and tabs) or, in an origin, format characters."""
-    allowed, refused = ("\n\t", ("Cc",)) if lines else ("", ("Cc", "Cf"))
-    text = value if lines else value.strip()
-    if any(c not in allowed and unicodedata.category(c) in refused for c in text):
-        kinds = "control characters" if lines else "control or format characters"
+    """A message or an origin as stored (`inputs.MESSAGE_PATTERN`, `ORIGIN_PATTERN`): not blank,
+    without control characters, but for a message's line breaks and tabs; an origin is trimmed."""
+    allowed = "\n\t" if lines else ""
+    if any(c not in allowed and unicodedata.category(c) == "Cc" for c in value):
+        kinds = "control characters other than line breaks and tabs" if lines else "control characters"
         raise HordeError(Rc.BadRequest, f"{field} may not hold {kinds}.", param=field)
-    if not text.strip():
+    if not value.strip():
         raise HordeError(Rc.BadRequest, f"{field} may not be blank.", param=field)
-    return text
+    return value if lines else value.strip()
 
 
 async def send(horde: Horde, who: Actor, body: WorkerMessageInput) -> MessageRecord:
