@@ -51,8 +51,8 @@ def settings(db_url: str) -> Settings:
 
 
 async def _traffic_in_process(client: HordeClient, key: str) -> None:
-    """A worker, a finished job over its capacity (1200 at the assumed speed), a waiting request and
-    a refusal, so every panel has rows."""
+    """A worker, a finished job over its capacity (1200 at the assumed speed), a waiting request,
+    a refusal, an invite code and a worker message, so every panel has rows."""
     pop = await client.pop(key, "w-guard", models=[MODEL], max_length=4096, max_context_length=8192)
     assert pop.status_code == 200, pop.text
     created = await client.create(
@@ -66,6 +66,9 @@ async def _traffic_in_process(client: HordeClient, key: str) -> None:
     assert refused.status_code == 403, refused.text
     invite = await client.http.post("/api/v2/invites", json={}, headers={"apikey": key})
     assert invite.status_code == 200, invite.text
+    hello = {"message": "Hi"}
+    message = await client.http.post("/api/v2/workers/messages", json=hello, headers={"apikey": key})
+    assert message.status_code == 200, message.text
 
 
 async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
@@ -184,7 +187,8 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
 
 async def _traffic(base: str, db_url: str) -> None:
     """Through the API: two workers pop, requests are admitted (one over the workers' capacity, one
-    refused), jobs complete and one faults, one request stays waiting; an invite code is made."""
+    refused), jobs complete and one faults, one request stays waiting; an invite code is made and a
+    worker message sent."""
     keys = await make_users(db_url, {"volunteer": 0, "client": 1000})
     worker_key, client_key = keys["volunteer"], keys["client"]
     pop_body = {"models": [MODEL], "max_length": 4096, "max_context_length": 8192}
@@ -234,6 +238,9 @@ async def _traffic(base: str, db_url: str) -> None:
         moderator = await _make_moderator(db_url)
         made = await http.post("/api/v2/invites", json={"uses": 2}, headers={"apikey": moderator})
         assert made.status_code == 200, made.text
+        hello = {"message": "Hi"}
+        sent = await http.post("/api/v2/workers/messages", json=hello, headers={"apikey": moderator})
+        assert sent.status_code == 200, sent.text
 
 
 def _panels(dom: str) -> dict[str, str]:
