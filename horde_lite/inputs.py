@@ -236,6 +236,40 @@ class WorkerUpdate(_In):
     team: Annotated[str, msgspec.Meta(max_length=36)] | None = None  # a team's id; "" leaves the team
 
 
+# A worker message (upstream's bounds): its text, who it says it is from, and its lifetime in hours,
+# which is capped at 30 days (a longer one is lowered to it, as upstream writes it).
+MESSAGE_MAX_CHARACTERS = 10_240
+MESSAGE_MAX_HOURS = 30 * 24
+# What accounts/worker_messages.py refuses, stated in the schema: control characters (a message may
+# hold line breaks and tabs), and a text of spaces only.
+_CONTROLS = r"\x00-\x08\x0b-\x1f\x7f-\x9f"
+_ALL_CONTROLS = r"\x00-\x1f\x7f-\x9f"
+MESSAGE_PATTERN = f"^[^{_CONTROLS}]*[^\\s{_ALL_CONTROLS}][^{_CONTROLS}]*$"
+ORIGIN_PATTERN = f"^[^{_ALL_CONTROLS}]*[^\\s{_ALL_CONTROLS}][^{_ALL_CONTROLS}]*$"
+
+
+class WorkerMessageInput(_In, forbid_unknown_fields=True):
+    """POST /workers/messages (upstream's message input): to one worker, or with no `worker_id` to
+    every worker (moderators only); `origin` is a moderator's choice, a user's own id otherwise."""
+
+    message: Annotated[
+        str,
+        msgspec.Meta(
+            min_length=1, max_length=MESSAGE_MAX_CHARACTERS, extra_json_schema={"pattern": MESSAGE_PATTERN}
+        ),
+    ]
+    worker_id: Id | None = None
+    origin: (
+        Annotated[
+            str, msgspec.Meta(min_length=1, max_length=255, extra_json_schema={"pattern": ORIGIN_PATTERN})
+        ]
+        | None
+    ) = None
+    expiry: Annotated[
+        int, msgspec.Meta(ge=1, le=INT32_MAX, extra_json_schema={"description": "hours; over 720 is 720"})
+    ] = 12
+
+
 # A team's name: the worker name rule (accounts/workers.py clean_name), at least upstream's 3
 # characters; the schema promises the normalized form with at least 3 characters that are not spaces.
 _TEAM_NAME_CHARACTER = f"[{NAME_CHARACTERS.replace(' ', '')}]"
@@ -374,10 +408,10 @@ class UserUpdate(_In, forbid_unknown_fields=True):
     admin_comment: UserNote | None = None
     public_workers: bool | None = None
     worker_invited: Count | None = None
+    flagged: bool | None = None  # moderators: the user's workers get no jobs, kudos cannot move
     usage_multiplier: Refused = msgspec.UNSET
     undelete: Refused = msgspec.UNSET
     reset_suspicion: Refused = msgspec.UNSET
-    flagged: Refused = msgspec.UNSET
     customizer: Refused = msgspec.UNSET
     vpn: Refused = msgspec.UNSET
     special: Refused = msgspec.UNSET

@@ -37,6 +37,9 @@ class Rc(StrEnum):
     # request while the horde is in maintenance (upstream answers it 400; the /v1 face 503).
     NoHordeModSelected = "NoHordeModSelected", 400
     MaintenanceMode = "MaintenanceMode", 400
+    # A kudos transfer or award touching a flagged user (upstream's codes).
+    SourceAccountFlagged = "SourceAccountFlagged", 400
+    TargetAccountFlagged = "TargetAccountFlagged", 400
     # Teams (upstream's codes; TooManyTeams is horde_lite's, as TooManyWorkers).
     TeamNameAlreadyExists = "TeamNameAlreadyExists", 400
     NoTeamModSelected = "NoTeamModSelected", 400
@@ -80,6 +83,12 @@ class Rc(StrEnum):
     CannotDeleteMod = "CannotDeleteMod", 403
     NotAllowedAwards = "NotAllowedAwards", 403
     WorkerMaintenance = "WorkerMaintenance", 403
+    # A flagged user's worker popping (upstream's code).
+    WorkerFlaggedMaintenance = "WorkerFlaggedMaintenance", 403
+    # Worker messages: a user's to another user's worker (upstream's code); more unexpired messages
+    # than `[messages] max_active_per_user` (horde_lite's, as TooManyWorkers).
+    MessagesOnlyOwnWorkers = "MessagesOnlyOwnWorkers", 403
+    TooManyMessages = "TooManyMessages", 403
     TooManyWorkers = "TooManyWorkers", 403
     TooManySharedKeys = "TooManySharedKeys", 403
     TooManyFilters = "TooManyFilters", 403
@@ -106,6 +115,9 @@ class Rc(StrEnum):
     WorkerNotFound = "WorkerNotFound", 404
     SharedKeyNotFound = "SharedKeyNotFound", 404
     FilterNotFound = "FilterNotFound", 404
+    # An unknown worker message: upstream spells it so (its ThingNotFound capitalizes
+    # "WorkerMessage" into "Workermessage").
+    WorkermessageNotFound = "WorkermessageNotFound", 404
     InviteNotFound = "InviteNotFound", 404
     ModelNotFound = "ModelNotFound", 404
     NotFound = "NotFound", 404

@@ -187,6 +187,21 @@ class FilterSettings(_Table):
             raise ValueError("[filters] max_filters must be between 1 and 10000")
 
 
+class MessageSettings(_Table):
+    # Unexpired worker messages one user who is not a moderator may have sent (each up to 10240
+    # characters, handed to its worker at every pop until it expires; 0 = no limit).
+    max_active_per_user: int = 10
+    # Days an expired message stays listable (`validity=expired`) before the periodic sweep
+    # deletes it; 0 = kept forever.
+    keep_expired_days: int = 30
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.max_active_per_user <= 1_000_000:
+            raise ValueError("[messages] max_active_per_user must be between 0 (no limit) and 1000000")
+        if not 0 <= self.keep_expired_days <= 100_000:
+            raise ValueError("[messages] keep_expired_days must be between 0 (forever) and 100000")
+
+
 class LimitSettings(_Table):
     """The limits of a registered user a moderator has not set (accounts/limits.py); -1: none. The
     anonymous user has only what a moderator sets on it: it is everyone without a key."""
@@ -394,6 +409,7 @@ class Settings(_Table):
     request: RequestSettings = msgspec.field(default_factory=RequestSettings)
     sharedkeys: SharedKeySettings = msgspec.field(default_factory=SharedKeySettings)
     teams: TeamSettings = msgspec.field(default_factory=TeamSettings)
+    messages: MessageSettings = msgspec.field(default_factory=MessageSettings)
     limits: LimitSettings = msgspec.field(default_factory=LimitSettings)
     filters: FilterSettings = msgspec.field(default_factory=FilterSettings)
     chat: ChatSettings = msgspec.field(default_factory=ChatSettings)

@@ -1,6 +1,7 @@
 """What one user can do to the others is bounded by the user, never by the names it picks: its
 workers' failures put all its workers in maintenance for a cool-down, and the workers, shared
-keys and teams it may hold are counted (docs/reference/horde_api.md, "Owners, not names")."""
+keys, teams and unexpired worker messages it may hold are counted (docs/reference/horde_api.md,
+"Owners, not names")."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.core.errors import HordeError
 from horde_lite.core.modes import MODES_OFF, HordeModes, refuse_new_worker
-from horde_lite.db.models import SharedKey, Team, User, Worker
+from horde_lite.db.models import SharedKey, Team, User, Worker, WorkerMessage
 from horde_lite.rc import Rc
 from horde_lite.settings import Settings
 
@@ -120,6 +121,9 @@ _LIVE_WORKERS = select(func.count(Worker.id)).where(
 )
 _SHARED_KEYS = select(func.count(SharedKey.key_hash)).where(SharedKey.user_id == bindparam("owner_id"))
 _TEAMS = select(func.count(Team.id)).where(Team.owner_id == bindparam("owner_id"))
+_ACTIVE_MESSAGES = select(func.count(WorkerMessage.id)).where(
+    WorkerMessage.user_id == bindparam("owner_id"), WorkerMessage.expires_at > bindparam("now")
+)
 
 
 async def room_for_a_worker(
@@ -174,4 +178,21 @@ async def room_for_a_team(session: AsyncSession, settings: Settings, owner: User
             Rc.TooManyTeams,
             f"This user already created {count} teams (limit {limit}); delete one "
             "(DELETE /api/v2/teams/{id}) first.",
+        )
+
+
+async def room_for_a_message(session: AsyncSession, settings: Settings, sender: User, now: float) -> None:
+    """Before a user who is not a moderator sends a worker message: its unexpired ones must be under
+    `[messages] max_active_per_user`. Each is read at every pop of its worker until it expires, and
+    up to 10240 characters: without a limit one user could fill its workers' pops and the table."""
+    limit = settings.messages.max_active_per_user
+    if limit <= 0 or sender.moderator:
+        return
+    await lock_user(session, sender)
+    count = (await session.execute(_ACTIVE_MESSAGES, {"owner_id": sender.id, "now": now})).scalar_one()
+    if count >= limit:
+        raise HordeError(
+            Rc.TooManyMessages,
+            f"This user already has {count} unexpired worker messages (limit {limit}); delete one "
+            "(DELETE /api/v2/workers/messages/{id}) or wait for one to expire.",
         )

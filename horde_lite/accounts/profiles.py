@@ -3,7 +3,8 @@ and for some fields the users themselves, make: POST /users, PUT /users/{id}, DE
 POST /kudos/award. The dashboard's users panel calls the same entry points, as a `SignedIn` actor.
 
 What a record shows depends on who asks: its own key (not a shared key) or a moderator also sees
-the user's worker ids, shared-key ids and contact; only a moderator sees the admin comment; anyone
+the user's worker ids, shared-key ids, contact and flagged state; only a moderator sees the admin
+comment; anyone
 sees the worker ids of a user who made them public. The anonymous user is `Anonymous#0`
 (users.public_id).
 """
@@ -18,7 +19,7 @@ import msgspec
 from sqlalchemy import func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos, limits
+from horde_lite.accounts import flagged, kudos, limits
 from horde_lite.accounts.users import (
     ANONYMOUS_NAME,
     ANONYMOUS_PUBLIC_ID,
@@ -78,6 +79,7 @@ class UserRecord:
     sharedkey_ids: list[str] | None = None  # privileged only: the keys' hashes (decisions)
     contact: str | None = None  # privileged only
     admin_comment: str | None = None  # moderators only
+    flagged: bool | None = None  # privileged only
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class UserModified:
     admin_comment: str | None = None
     public_workers: bool | None = None
     worker_invited: int | None = None
+    flagged: bool | None = None
     limits_changed: limits.UserLimitsChanged | None = None
 
 
@@ -128,10 +131,6 @@ REFUSED_FIELDS: dict[str, str] = {
         "as deleted#<id> for the ledger and statistics); create a new user instead"
     ),
     "reset_suspicion": "has nothing to reset: horde_lite keeps no suspicion score",
-    "flagged": (
-        "is not supported yet: horde_lite has no flagged state; to stop a user, give it a new key "
-        "(horde-lite users rotate-key) or delete it"
-    ),
     **{name: _IMAGE_OR_SERVICE for name in (
         "customizer", "vpn", "special", "education", "service", "filtered", "generate_proxy_passkey"
     )},
@@ -143,6 +142,7 @@ _MODERATOR_FIELDS = (
     "moderator",
     "worker_invited",
     "admin_comment",
+    "flagged",
     *limits.USER_LIMIT_FIELDS,
 )
 _OWN_FIELDS = ("username", "contact", "public_workers")
@@ -208,6 +208,7 @@ async def _records(
                 sharedkey_ids=keys[user.id] if privileged else None,
                 contact=user.contact if privileged else None,
                 admin_comment=user.admin_comment if moderator else None,
+                flagged=user.flagged if privileged else None,
             )
         )
     return records
@@ -277,6 +278,11 @@ async def _actor(session: AsyncSession, who: Actor, now: float) -> User:
     return user
 
 
+async def acting_user(session: AsyncSession, who: Actor, now: float) -> User:
+    """The user acting, for other modules' actions that the dashboard also offers."""
+    return await _actor(session, who, now)
+
+
 def _moderator(actor: User, action: str) -> None:
     if not actor.moderator:
         raise HordeError(Rc.NotModerator, f"Only a moderator can {action}.")
@@ -337,6 +343,8 @@ async def modify_user(horde: Horde, who: Actor, user_id: str, body: UserUpdate) 
                     Rc.NotModerator, f"Only a moderator can change {', '.join(theirs)} of this user.",
                     param=theirs[0],
                 )  # fmt: skip
+        if body.flagged is not None:
+            flagged.flaggable(user)
         anonymous_may = ("kudos", *limits.USER_LIMIT_FIELDS)
         if user.anonymous and any(f not in anonymous_may for f in changes):
             raise HordeError(
@@ -361,6 +369,8 @@ async def modify_user(horde: Horde, who: Actor, user_id: str, body: UserUpdate) 
             user.public_workers = body.public_workers
         if body.worker_invited is not None:
             user.worker_invited = body.worker_invited
+        if body.flagged is not None:
+            user.flagged = body.flagged
         await session.flush()
         new_kudos = None
         if body.kudos is not None:
@@ -377,7 +387,7 @@ async def modify_user(horde: Horde, who: Actor, user_id: str, body: UserUpdate) 
             new_kudos=new_kudos, trusted=body.trusted, moderator=body.moderator,
             username=display_name(user) if name is not None else None, contact=contact,
             admin_comment=comment, public_workers=body.public_workers, worker_invited=body.worker_invited,
-            limits_changed=changed,
+            flagged=body.flagged, limits_changed=changed,
         )  # fmt: skip
 
 
@@ -440,5 +450,6 @@ async def award(horde: Horde, who: Actor, body: KudosAwardInput) -> float:
             raise HordeError(Rc.InvalidAwardUsername, f"No user named {body.username[:100]!r}.") from None
         if dest.anonymous:
             raise HordeError(Rc.KudosAwardToAnon, "Kudos cannot be awarded to the anonymous user.")
+        flagged.refuse_award(dest)
         await kudos.record(session, dest.id, amount, "award", f"moderator:{actor.id}", now)
     return amount

@@ -1,7 +1,8 @@
 """POST /kudos/transfer: a registered user gives kudos to another user or to a shared key's owner.
 
-Upstream's refusals: from the anonymous user, to the anonymous user, to yourself, an amount that is
-not positive, and more than the sender can spend above its floor (its active holds count as spent).
+Upstream's refusals: from the anonymous user, to the anonymous user, to yourself, from or to a
+flagged user, an amount that is not positive, and more than the sender can spend above its floor
+(its active holds count as spent).
 Both balances move through the ledger in one transaction, in ascending user-id order.
 """
 
@@ -12,7 +13,7 @@ import re
 from sqlalchemy import select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos
+from horde_lite.accounts import flagged, kudos
 from horde_lite.accounts.users import (
     ANONYMOUS_PUBLIC_ID,
     authenticate_user,
@@ -75,6 +76,7 @@ async def transfer(horde: Horde, caller: Caller, body: KudosTransferInput) -> fl
             .execution_options(populate_existing=True)
         )
         await session.execute(locked)
+        flagged.refuse_transfer(source, dest)
         available = await kudos.spendable(session, source, horde.settings.kudos)
         if amount > available:
             raise HordeError(

@@ -328,6 +328,7 @@ class UserSummary:
     deleted: bool
     workers: int  # not deleted
     created_at: float
+    flagged: bool = False
 
 
 async def summaries(
@@ -354,6 +355,7 @@ async def summaries(
             deleted=is_deleted(u),
             workers=counts.get(u.id, 0),
             created_at=u.created_at,
+            flagged=u.flagged,
         )
         for u in users
     ]

@@ -15,8 +15,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
-from horde_lite.accounts import owner_limits
+from horde_lite.accounts import flagged, owner_limits
 from horde_lite.accounts.users import authenticate_user, hash_key, is_anonymous_key, split_name
+from horde_lite.accounts.worker_messages import any_live
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.core.modes import MODES_OFF, HordeModes
@@ -109,40 +110,48 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
 _WORKER_BY_KEY_LOCKED = select(Worker).where(Worker.name_key == bindparam("key")).with_for_update()
 
 
-# The key's user and the named worker's row in one statement: a pop's common case. Joined on the
-# name alone: a worker of another owner is found, and refused by `check_in`.
+# The key's user and the named worker's row in one statement: a pop's common case, with whether the
+# worker has an unexpired message (so a pop without one reads none). Joined on the name alone: a
+# worker of another owner is found, and refused by `check_in`.
 _OWNER_AND_NAMED = (
-    select(User, Worker)
+    select(User, Worker, any_live(Worker.id))
     .join_from(User, Worker, Worker.name_key == bindparam("key"))
     .where(User.api_key_hash == bindparam("digest"))
 )
 _OWNER_AND_WORKER = _OWNER_AND_NAMED.with_for_update(of=Worker)  # for the check-in that may write
 
 
+@dataclass(frozen=True, slots=True)
+class Named:
+    """A pop's owner and the worker it names, and whether the worker has an unexpired message."""
+
+    owner: User
+    worker: Worker | None  # None: no worker of that name yet (a first pop), or not looked up
+    has_messages: bool  # True also when not known (the pop then reads them)
+
+
 async def owner_and_worker(
-    session: AsyncSession, apikey: str | None, name: str, *, lock: bool = False
-) -> tuple[User, Worker] | None:
+    session: AsyncSession, apikey: str | None, name: str, now: float, *, lock: bool = False
+) -> Named | None:
     """The key's user and its named worker in one statement, the worker's row locked for a
     check-in (`lock`) or not (an idle pop's first read); None for the anonymous key or when either
     is missing."""
     if is_anonymous_key(apikey):
         return None
-    values = {"digest": hash_key(apikey), "key": worker_name_key(name)}
+    values = {"digest": hash_key(apikey), "key": worker_name_key(name), "now": now}
     found = (await session.execute(_OWNER_AND_WORKER if lock else _OWNER_AND_NAMED, values)).one_or_none()
-    return None if found is None else (found[0], found[1])
+    return None if found is None else Named(found[0], found[1], bool(found[2]))
 
 
-async def authenticate_worker(
-    session: AsyncSession, apikey: str | None, body: PopInput, now: float
-) -> tuple[User, Worker | None]:
+async def authenticate_worker(session: AsyncSession, apikey: str | None, body: PopInput, now: float) -> Named:
     """A pop's owner (a registered user's own key) and, when it exists, the worker it names,
     locked for `check_in`. An existing worker popping with its owner's key takes one statement;
     anything else (a first pop, another kind of key, no match) takes the general path, which finds
     the owner or raises, and leaves the worker to `check_in`."""
-    found = await owner_and_worker(session, apikey, body.name, lock=True)
+    found = await owner_and_worker(session, apikey, body.name, now, lock=True)
     if found is not None:
         return found
-    return await authenticate_user(session, apikey, now), None
+    return Named(await authenticate_user(session, apikey, now), None, has_messages=True)
 
 
 def check_in_is_due(last: float, now: float) -> bool:
@@ -172,6 +181,7 @@ async def check_in(
     worker's last; None keeps the one it has."""
     if owner.anonymous:
         raise HordeError(Rc.AnonForbiddenWorker, "Anonymous users cannot run workers; register a key.")
+    flagged.refuse_worker(owner)  # before a first pop creates a worker, too
     # The row lock serializes concurrent check-ins of one worker (a worker's threads pop at once),
     # so their model lists never race. A worker is found by its name's key, so "Bob", "bob " and
     # full-width "Bob" are one worker; a name no worker holds yet must pass the name rule.
@@ -314,6 +324,7 @@ class WorkerRecord:
     speed: float  # the measured lease speed, or the assumed one while unmeasured
     assumed_speed: float
     team_name: str | None  # its team's (worker.team_id), None without one
+    owner_flagged: bool = False  # its owner is flagged: it gets no jobs (accounts/flagged.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,18 +344,25 @@ class DeletedWorker:
     name: str
 
 
-def _record(worker: Worker, team_name: str | None, settings: Settings, now: float) -> WorkerRecord:
+def _record(
+    worker: Worker, team_name: str | None, owner_flagged: bool, settings: Settings, now: float
+) -> WorkerRecord:
     return WorkerRecord(
         worker=worker,
         online=worker.last_check_in >= now - settings.worker.online_seconds,
         speed=effective_speed(worker.lease_speed, settings),
         assumed_speed=settings.speed.assumed_tokens_per_second,
         team_name=team_name,
+        owner_flagged=owner_flagged,
     )
 
 
-# Workers with their team's name (None without one).
-_WITH_TEAM = select(Worker, Team.name).outerjoin(Team, Team.id == Worker.team_id)
+# Workers with their team's name (None without one) and whether their owner is flagged.
+_WITH_TEAM = (
+    select(Worker, Team.name, User.flagged)
+    .join(User, User.id == Worker.owner_id)
+    .outerjoin(Team, Team.id == Worker.team_id)
+)
 
 
 async def _live_worker(session: AsyncSession, worker_id: str, *, lock: bool = False) -> Worker:
@@ -377,15 +395,15 @@ async def list_workers(
         query = query.where(Worker.name_key == worker_name_key(name))
     async with horde.reading() as session:
         rows = (await session.execute(query.order_by(Worker.name))).tuples().all()
-    return [_record(w, team_name, horde.settings, now) for w, team_name in rows]
+    return [_record(w, team_name, owner_flagged, horde.settings, now) for w, team_name, owner_flagged in rows]
 
 
 async def worker_by_id(horde: Horde, worker_id: str) -> WorkerRecord:
     """One worker, online or not (GET /workers/{id})."""
     async with horde.reading() as session:
         worker = await _live_worker(session, worker_id)
-        team_name = await _team_name(session, worker)
-    return _record(worker, team_name, horde.settings, horde.clock.now())
+        team_name, owner_flagged = await _team_and_owner(session, worker)
+    return _record(worker, team_name, owner_flagged, horde.settings, horde.clock.now())
 
 
 async def worker_by_name(horde: Horde, name: str) -> WorkerRecord:
@@ -395,13 +413,15 @@ async def worker_by_name(horde: Horde, name: str) -> WorkerRecord:
         found = (await session.execute(query)).tuples().one_or_none()
     if found is None:
         raise HordeError(Rc.WorkerNotFound, f"No worker named {name[:100]!r}.")
-    return _record(found[0], found[1], horde.settings, horde.clock.now())
+    return _record(found[0], found[1], found[2], horde.settings, horde.clock.now())
 
 
-async def _team_name(session: AsyncSession, worker: Worker) -> str | None:
-    if worker.team_id is None:
-        return None
-    return (await session.execute(select(Team.name).where(Team.id == worker.team_id))).scalar_one_or_none()
+async def _team_and_owner(session: AsyncSession, worker: Worker) -> tuple[str | None, bool]:
+    """The worker's team's name (None without one) and whether its owner is flagged."""
+    team = select(Team.name).where(Team.id == worker.team_id).scalar_subquery()
+    found = await session.execute(select(team, User.flagged).where(User.id == worker.owner_id))
+    team_name, owner_flagged = found.one()
+    return team_name, bool(owner_flagged)
 
 
 def _owner_or_moderator(actor: User, worker: Worker, what: str) -> None:

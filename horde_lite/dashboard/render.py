@@ -15,6 +15,7 @@ from typing import Any
 from jinja2 import Environment
 
 from horde_lite.accounts import invites as invite_codes
+from horde_lite.accounts import worker_messages
 from horde_lite.core.context import Horde
 from horde_lite.dashboard import modes_panel
 from horde_lite.dashboard import queries as data
@@ -240,6 +241,10 @@ async def prompt_filters(horde: Horde) -> dict[str, Any]:
     }
 
 
+async def messages(horde: Horde) -> dict[str, Any]:
+    return {"rows": await worker_messages.recent(horde), "shown": worker_messages.PAGE_SIZE}
+
+
 @dataclass(frozen=True, slots=True)
 class Panel:
     name: str
@@ -272,5 +277,6 @@ PANELS: dict[str, Panel] = {
         Panel("usage", "Usage (last 30 days)", usage, wide=True),
         Panel("timeouts", "Address timeouts", timeouts, wide=True),
         Panel("filters", "Prompt filters", prompt_filters, wide=True),
+        Panel("messages", "Worker messages", messages, wide=True),
     )
 }

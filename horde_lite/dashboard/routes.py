@@ -29,7 +29,7 @@ from litestar.plugins.jinja import JinjaTemplateEngine
 from litestar.response import Redirect, Template
 from litestar.template.config import TemplateConfig
 
-from horde_lite.accounts import invites, profiles
+from horde_lite.accounts import invites, profiles, worker_messages, workers
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import Door, Refused, moderator, moderator_guard, viewer_of
 from horde_lite.api.static_files import static_files_router
@@ -37,7 +37,7 @@ from horde_lite.core.context import Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.dashboard import queries
 from horde_lite.dashboard.render import PANELS, REFRESH_SECONDS, STATIC, TEMPLATES, filters
-from horde_lite.inputs import UserCreate, UserUpdate
+from horde_lite.inputs import UserCreate, UserUpdate, WorkerMessageInput
 from horde_lite.operators import horde_modes, mode_rights
 from horde_lite.rc import Rc
 
@@ -226,9 +226,16 @@ async def logout(request: Request[Any, Any, Any]) -> Redirect:
 
 
 def _done(
-    message: str, *, status: int = 200, api_key: str = "", confirm: dict[str, Any] | None = None
+    message: str,
+    *,
+    status: int = 200,
+    api_key: str = "",
+    confirm: dict[str, Any] | None = None,
+    panel: str = "users",
 ) -> Template:
-    context = {"message": message, "api_key": api_key, "confirm": confirm, "failed": status >= 400}
+    context = {
+        "message": message, "api_key": api_key, "confirm": confirm, "failed": status >= 400, "panel": panel
+    }  # fmt: skip
     return Template("user_action.html", context=context, status_code=status, headers=HEADERS)
 
 
@@ -238,17 +245,17 @@ async def _form(request: Request[Any, Any, Any]) -> dict[str, str]:
     return {k: str(v).strip() for k, v in form.items() if str(v).strip()}
 
 
-async def _act(request: Request[Any, Any, Any], act: Any) -> Template:
+async def _act(request: Request[Any, Any, Any], act: Any, panel: str = "users") -> Template:
     """Run one action as the signed-in moderator: its page, or the refusal's (the rule's message)."""
     if not same_origin(request):
-        return _done("A change must come from this site's own dashboard.", status=403)
+        return _done("A change must come from this site's own dashboard.", status=403, panel=panel)
     who = profiles.SignedIn(viewer_of(request).user_id or 0)
     try:
         return await act(who, await _form(request))
     except HordeError as exc:
-        return _done(exc.message, status=exc.rc.status)
+        return _done(exc.message, status=exc.rc.status, panel=panel)
     except msgspec.ValidationError as exc:
-        return _done(f"Nothing changed: {exc}.", status=400)
+        return _done(f"Nothing changed: {exc}.", status=400, panel=panel)
 
 
 @post("/users/create", **ACTED)
@@ -274,7 +281,7 @@ async def change_kudos(request: Request[Any, Any, Any], horde: HordeDep, user_id
 @post("/users/{user_id:str}/flags", **ACTED)
 async def change_flags(request: Request[Any, Any, Any], horde: HordeDep, user_id: FromPath[str]) -> Template:
     async def act(who: profiles.SignedIn, form: dict[str, str]) -> Template:
-        flags = {k: form[k] for k in ("trusted", "moderator") if k in form}
+        flags = {k: form[k] for k in ("trusted", "moderator", "flagged") if k in form}
         changed = await profiles.modify_user(
             horde, who, user_id, msgspec.convert(flags, UserUpdate, strict=False)
         )
@@ -303,6 +310,37 @@ async def delete_user(request: Request[Any, Any, Any], horde: HordeDep, user_id:
     return await _act(request, act)
 
 
+# --- the worker messages panel's actions ---------------------------------------------------------
+
+
+@post("/messages", **ACTED)
+async def send_message(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
+    """To the worker named (by name or id), or with no worker to every worker."""
+
+    async def act(who: profiles.SignedIn, form: dict[str, str]) -> Template:
+        named = form.get("worker", "")
+        worker_id = worker_messages.canonical(named) if named else None
+        if named and worker_id is None:
+            worker_id = (await workers.worker_by_name(horde, named)).worker.id
+        fields = {k: form[k] for k in ("message", "origin", "expiry") if k in form}
+        body = msgspec.convert({**fields, "worker_id": worker_id}, WorkerMessageInput, strict=False)
+        sent = await worker_messages.send(horde, who, body)
+        return _done(f"Sent to {named or 'every worker'}: message {sent.id}.", panel="messages")
+
+    return await _act(request, act, "messages")
+
+
+@post("/messages/{message_id:str}/delete", **ACTED)
+async def delete_message(
+    request: Request[Any, Any, Any], horde: HordeDep, message_id: FromPath[str]
+) -> Template:
+    async def act(who: profiles.SignedIn, form: dict[str, str]) -> Template:
+        await worker_messages.remove(horde, who, message_id)
+        return _done(f"Deleted message {message_id}.", panel="messages")
+
+    return await _act(request, act, "messages")
+
+
 router = Router(
     path=PATH,
     route_handlers=[
@@ -317,6 +355,8 @@ router = Router(
         change_kudos,
         change_flags,
         delete_user,
+        send_message,
+        delete_message,
         static_files_router("/static", STATIC, "dashboard_static"),
     ],
     include_in_schema=False,

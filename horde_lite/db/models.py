@@ -58,6 +58,9 @@ class User(Base):
     admin_comment: Mapped[str] = mapped_column(String(500), default="", server_default="")
     public_workers: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     worker_invited: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Set by a moderator (accounts/flagged.py): the user's workers get no jobs and earn nothing, its
+    # requests queue last, and kudos neither leave nor reach it. Never the anonymous user.
+    flagged: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
     # Limits a moderator set (accounts/limits.py). None: the horde's default (`[limits]`, and
     # `[request] max_waiting_per_user` for concurrency); -1: none.
     allowed_models: Mapped[list[str]] = mapped_column(JsonList, default=list, server_default="[]")
@@ -268,6 +271,27 @@ class IpTimeout(Base):
     created_by: Mapped[int | None] = mapped_column(ForeignKey("users.id", ondelete="SET NULL"), nullable=True)
     # Set by a worker block: the worker whose last address it is (lifting the block lifts it).
     worker_id: Mapped[str | None] = mapped_column(ID, nullable=True)
+
+
+class WorkerMessage(Base):
+    """A message to one worker, or to every worker (`worker_id` NULL: a moderator's), handed to it
+    with each pop until it expires (accounts/worker_messages.py). Kept past its expiry for the
+    listing until `[messages] keep_expired_days`."""
+
+    __tablename__ = "worker_messages"
+    __table_args__ = (
+        # A pop's question: does this worker (or every worker) have an unexpired message.
+        Index("ix_worker_messages_worker", "worker_id", "expires_at"),
+    )
+
+    id: Mapped[str] = mapped_column(ID, primary_key=True)
+    worker_id: Mapped[str | None] = mapped_column(ForeignKey("workers.id", ondelete="CASCADE"), nullable=True)
+    # Who sent it (upstream's `user_id`).
+    user_id: Mapped[int] = mapped_column(ForeignKey("users.id", ondelete="CASCADE"), index=True)
+    message: Mapped[str] = mapped_column(Text)
+    origin: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[float] = mapped_column(Float)
+    expires_at: Mapped[float] = mapped_column(Float, index=True)
 
 
 class WorkerModel(Base):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos, owner_limits
+from horde_lite.accounts import flagged, kudos, owner_limits
 from horde_lite.accounts.users import authenticate_user, hash_key, is_anonymous_key
 from horde_lite.accounts.workers import record_speed_sample
 from horde_lite.core.context import Caller, Horde
@@ -192,9 +192,10 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
     generation.tokens = tokens
     if generation.fake:
         return Stored(0.0)
-    reward = prices.job_reward(
+    earned = prices.job_reward(
         horde.sizes, tokens, generation.model, request.price_context, owner.trusted, request.job_price
     )
+    reward = flagged.reward(owner, earned)
     generation.reward = reward
     charge = await kudos.charge_job(
         session,

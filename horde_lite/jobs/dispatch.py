@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sqlalchemy import Select, and_, bindparam, case, func, insert, not_, or_, select, update
@@ -13,6 +13,8 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
 
+from horde_lite.accounts import flagged, worker_messages
+from horde_lite.accounts.worker_messages import MessageRecord
 from horde_lite.accounts.workers import (
     authenticate_worker,
     check_in,
@@ -246,6 +248,7 @@ class Looked:
     stamp: bool  # the check-in time is due, or the address moved
     page: queue_index.Page
     address: str | None  # the pop's, as the worker's row keeps it (None: no IP address)
+    has_messages: bool  # the worker has an unexpired message to be handed
 
 
 async def pop(
@@ -386,6 +389,7 @@ class Offer:
 class Popped:
     offer: Offer | None  # None: nothing to do now
     skipped: dict[str, int]  # with no offer: waiting requests this worker is too small for, by reason
+    messages: list[MessageRecord] = field(default_factory=list)  # the worker's unexpired messages
 
 
 def _count_pop(horde: Horde, policies: Policies, worker: Worker) -> None:
@@ -416,10 +420,11 @@ async def look(
     now = horde.clock.now()
     address = stored_address(caller.address)
     async with horde.reading() as session:
-        named = await owner_and_worker(session, caller.apikey, body.name)
-        if named is None:
+        named = await owner_and_worker(session, caller.apikey, body.name, now)
+        if named is None or named.worker is None:
             return None
-        owner, worker = named
+        owner, worker = named.owner, named.worker
+        flagged.refuse_worker(owner)
         need = await check_in_need(session, worker, owner, body, in_force.settings, now, address)
         seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
         if path(seen) is PopPath.WHOLE:
@@ -427,9 +432,15 @@ async def look(
         limits = queue_index.Limits.of(worker, in_force.rules(now))
         page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
         if path(replace(seen, page_rows=len(page.rows))) is not PopPath.IDLE:
-            return Looked(owner=owner, worker=worker, stamp=need == "time", page=page, address=address)
+            return Looked(
+                owner, worker, stamp=need == "time", page=page, address=address,
+                has_messages=named.has_messages,
+            )  # fmt: skip
         _count_pop(horde, in_force.policies, worker)
-        return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
+        skipped = await skipped_reasons(session, horde, worker)
+        return Popped(
+            offer=None, skipped=skipped, messages=await _messages(session, named.has_messages, worker, now)
+        )
 
 
 async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
@@ -441,15 +452,20 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
         return looked
     async with horde.transaction() as session:
         if looked is None:
-            owner, named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
+            named = await authenticate_worker(session, caller.apikey, body, horde.clock.now())
+            has_messages = named.has_messages
             address = stored_address(caller.address)
             worker, job = await pop(
-                session, horde, owner, body, in_force=in_force, worker=named, address=address
+                session, horde, named.owner, body, in_force=in_force, worker=named.worker, address=address
             )
         else:
+            has_messages = looked.has_messages
             worker, job = await pop(session, horde, looked.owner, body, in_force=in_force, looked=looked)
+        messages = await _messages(session, has_messages, worker, horde.clock.now())
         if job is None:
-            return Popped(offer=None, skipped=await skipped_reasons(session, horde, worker))
+            return Popped(
+                offer=None, skipped=await skipped_reasons(session, horde, worker), messages=messages
+            )
         request = job.request
         offer = Offer(
             ids=job.generation_ids,
@@ -462,7 +478,14 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
             max_length=request.max_length,
             chat=dict(request.chat) if request.chat is not None else None,
         )
-        return Popped(offer=offer, skipped={})
+        return Popped(offer=offer, skipped={}, messages=messages)
+
+
+async def _messages(
+    session: AsyncSession, has_messages: bool, worker: Worker, now: float
+) -> list[MessageRecord]:
+    """The worker's unexpired messages, read only when the pop's first statement found one."""
+    return await worker_messages.live_for(session, worker.id, now) if has_messages else []
 
 
 async def skipped_reasons(session: AsyncSession, horde: Horde, worker: Worker) -> dict[str, int]:

@@ -11,7 +11,7 @@ from typing import TypeVar
 from sqlalchemy import bindparam, delete, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos, limits, owner_limits
+from horde_lite.accounts import kudos, limits, owner_limits, worker_messages
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db import change_log
@@ -191,4 +191,5 @@ async def sweep(horde: Horde) -> tuple[int, int]:
         expired = await expire_requests(session, horde, now)
         await change_log.prune(session)  # the notes every process has read by now
         await usage.trim(session, now, horde.settings.usage.keep_days)
+        await worker_messages.trim(session, now, horde.settings.messages.keep_expired_days)
     return lapsed, expired

@@ -13,7 +13,7 @@ from typing import Any, NoReturn
 from sqlalchemy import Select, bindparam, func, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import kudos, limits
+from horde_lite.accounts import flagged, kudos, limits
 from horde_lite.accounts.users import Requester, authenticate, check_shared_key
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.core.errors import HordeError
@@ -408,7 +408,7 @@ def _new_row(settings: Settings, spec: AdmissionSpec, now: float) -> TextRequest
     """The request's row as it would be queued, not yet in the session: the estimate reads it as
     it is, and a refusal or a dry run never writes it."""
     request_id = str(uuid.uuid4())
-    priority = max(spec.requester.user.kudos, 0.0)
+    priority = flagged.request_priority(spec.requester.user)
     row = TextRequest(
         id=request_id,
         user_id=spec.requester.user.id,

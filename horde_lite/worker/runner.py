@@ -8,6 +8,8 @@
   logs when it is back. A job in hand when it went down is faulted once, not job after job.
 - SIGINT/SIGTERM: stop popping; jobs in hand get `drain_seconds` to finish, then are faulted;
   exit 0. A second signal skips the wait.
+- Messages: the horde hands the worker's unexpired messages with every pop; each is logged once,
+  the first time it comes (its text with control characters escaped: it is someone else's words).
 """
 
 from __future__ import annotations
@@ -28,6 +30,12 @@ log = logging.getLogger("horde_lite.worker")
 FIRST_IDLE_WAIT = 0.5
 IDLE_GROWTH = 1.5
 MAX_WAIT = 15.0  # never more than this between two pops (or two backend checks)
+SEEN_MESSAGES = 1000  # message ids remembered, so each is logged once
+
+
+def printable(text: str) -> str:
+    """Text for one log line: line breaks and other control characters escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
 
 
 class Worker:
@@ -44,6 +52,7 @@ class Worker:
         self._signals = 0
         self._hurry = asyncio.Event()  # a second signal: stop waiting for jobs in hand
         self.served = 0  # jobs finished (submitted or faulted), for the demo's table
+        self.seen_messages: dict[str, None] = {}  # ids of the messages logged, oldest first
 
     # --- life ----------------------------------------------------------------------------------
 
@@ -172,6 +181,7 @@ class Worker:
             if horde_down:
                 log.info("%s: the horde answers again", self.config.name)
                 horde_down = False
+            self._log_messages(job.get("messages"))
             if not job.get("id"):
                 await self._sleep(idle)
                 idle = min(idle * IDLE_GROWTH, MAX_WAIT)
@@ -182,6 +192,24 @@ class Worker:
                 await self.jobs.fault([str(i) for i in job.get("ids") or [job["id"]]])
                 return
             await self._run(job)
+
+    def _log_messages(self, messages: object) -> None:
+        """Log each message the first time a pop hands it."""
+        for message in messages if isinstance(messages, list) else []:
+            if not isinstance(message, dict) or not isinstance(message.get("id"), str):
+                continue
+            if message["id"] in self.seen_messages:
+                continue
+            self.seen_messages[message["id"]] = None
+            if len(self.seen_messages) > SEEN_MESSAGES:
+                del self.seen_messages[next(iter(self.seen_messages))]
+            log.info(
+                "%s: message from %s (until %s): %s",
+                self.config.name,
+                printable(str(message.get("origin", "?"))),
+                printable(str(message.get("expiry", "?"))),
+                printable(str(message.get("message", ""))),
+            )
 
     async def _run(self, job: dict[str, Any]) -> None:
         payload = job.get("payload") or {}

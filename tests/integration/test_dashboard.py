@@ -51,8 +51,9 @@ def settings(db_url: str) -> Settings:
 
 
 async def _traffic_in_process(client: HordeClient, key: str) -> None:
-    """A worker, a finished job over its capacity (1200 at the assumed speed), a waiting request and
-    a refusal, an invite code and an address timeout, so every panel has rows."""
+    """A worker, a finished job over its capacity (1200 at the assumed speed), a waiting request,
+    a refusal, an invite code, an address timeout, a prompt filter and a worker message, so every
+    panel has rows."""
     pop = await client.pop(key, "w-guard", models=[MODEL], max_length=4096, max_context_length=8192)
     assert pop.status_code == 200, pop.text
     created = await client.create(
@@ -74,6 +75,9 @@ async def _traffic_in_process(client: HordeClient, key: str) -> None:
         "/api/v2/filters", json={"regex": "gr[ae]y", "filter_type": 20}, headers={"apikey": key}
     )
     assert made.status_code == 200, made.text
+    hello = {"message": "Hi"}
+    message = await client.http.post("/api/v2/workers/messages", json=hello, headers={"apikey": key})
+    assert message.status_code == 200, message.text
 
 
 async def test_the_dashboard_is_for_moderators_and_every_panel_renders(client: HordeClient) -> None:
@@ -192,8 +196,8 @@ def served(db_url: str, tmp_path: Path) -> Iterator[str]:
 
 async def _traffic(base: str, db_url: str) -> None:
     """Through the API: two workers pop, requests are admitted (one over the workers' capacity, one
-    refused), jobs complete and one faults, one request stays waiting; an invite code and a prompt
-    filter are made."""
+    refused), jobs complete and one faults, one request stays waiting; an invite code, an address
+    timeout and a prompt filter are made and a worker message sent."""
     keys = await make_users(db_url, {"volunteer": 0, "client": 1000})
     worker_key, client_key = keys["volunteer"], keys["client"]
     pop_body = {"models": [MODEL], "max_length": 4096, "max_context_length": 8192}
@@ -250,6 +254,9 @@ async def _traffic(base: str, db_url: str) -> None:
             "/api/v2/filters", json={"regex": "gr[ae]y", "filter_type": 20}, headers={"apikey": moderator}
         )
         assert made.status_code == 200, made.text
+        hello = {"message": "Hi"}
+        sent = await http.post("/api/v2/workers/messages", json=hello, headers={"apikey": moderator})
+        assert sent.status_code == 200, sent.text
 
 
 def _panels(dom: str) -> dict[str, str]:

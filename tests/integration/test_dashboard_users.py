@@ -190,8 +190,8 @@ async def test_a_moderator_uses_the_users_panel_in_a_browser(
     tmp_path: Path,
 ) -> None:
     """Signed in through the form, the moderator types a new user's name and clicks Create, reads the
-    key shown once (and it works), gives it kudos by typing an amount, then deletes it through the
-    confirmation page."""
+    key shown once (and it works), gives it kudos by typing an amount, flags it, then deletes it
+    through the confirmation page."""
     key = await _make_moderator(db_url)
     overrides: dict[str, dict[str, object]] = {
         "http": {"open_operator_pages": False},
@@ -246,6 +246,13 @@ async def test_a_moderator_uses_the_users_panel_in_a_browser(
             cell = f"document.querySelector({selector!r})"
             kudos = await page.until(f"{cell} && {cell}.children[1].textContent")
             assert kudos == "42.50"
+
+            await submit(f"{selector} button.flagged")
+            message = await page.evaluate("document.querySelector('#action-message').textContent")
+            assert "flagged on" in message, message
+            await submit("#back")
+            button = f"{cell} && {cell}.querySelector('button.flagged').textContent"
+            assert await page.until(f"{button} == 'Unflag'")
 
             await submit(f"{selector} button.delete")
             assert await page.evaluate("!!document.querySelector('#confirm-delete')")

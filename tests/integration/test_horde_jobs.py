@@ -82,8 +82,9 @@ async def test_no_job_answer_shape(client: HordeClient) -> None:
     assert body["id"] is None
     assert body["ids"] == []
     assert body["skipped"] == {}
+    assert body["messages"] == []  # upstream's: the worker's unexpired messages
     # `payload` is present (empty) because horde-sdk's pop response model requires it.
-    assert set(body) == {"id", "ids", "skipped", "payload"}
+    assert set(body) == {"id", "ids", "skipped", "payload", "messages"}
     await client.pop(key, "w1", max_length=2048, max_context_length=4096)
     await client.create(ANON, params={"max_length": 1024, "max_context_length": 4096})
     skipped = (await client.pop(key, "w1", max_length=512, max_context_length=4096)).json()

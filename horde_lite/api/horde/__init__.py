@@ -16,6 +16,7 @@ from horde_lite.api.horde import (
     status,
     teams,
     users,
+    worker_messages,
     workers,
 )
 from horde_lite.api.strict_body import StrictBody
@@ -30,6 +31,7 @@ router = Router(
         *generate.HANDLERS,
         *progress.HANDLERS,
         *status.HANDLERS,
+        *worker_messages.HANDLERS,
         *workers.HANDLERS,
         *users.HANDLERS,
         *stats.HANDLERS,

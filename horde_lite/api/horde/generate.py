@@ -32,6 +32,7 @@ from horde_lite.api.horde.schemas import (
     SubmitInput,
     TextRequestInput,
 )
+from horde_lite.api.horde.worker_messages import pop_message
 from horde_lite.jobs import completion, dispatch
 from horde_lite.requests import admission
 from horde_lite.requests import status as status_rules
@@ -100,17 +101,18 @@ def status_answer(status: status_rules.RequestStatus) -> RequestStatusKobold:
 
 def pop_answer(popped: dispatch.Popped) -> GenerationPayloadKobold:
     offer = popped.offer
+    messages = [pop_message(m) for m in popped.messages]
     if offer is None:
         # `payload` is present (empty): the horde-sdk's model of this answer requires it.
-        return GenerationPayloadKobold(
-            id=None, ids=[], payload={}, skipped=NoValidRequestFoundKobold(**popped.skipped)
-        )
+        skipped = NoValidRequestFoundKobold(**popped.skipped)
+        return GenerationPayloadKobold(id=None, ids=[], payload={}, skipped=skipped, messages=messages)
     common: dict[str, Any] = {
         "id": offer.ids[0],
         "ids": offer.ids,
         "model": offer.model,
         "ttl": offer.ttl,
         "skipped": NoValidRequestFoundKobold(),
+        "messages": messages,
     }
     if offer.is_chat:
         return GenerationPayloadKobold(**common, kind="chat", stream=offer.stream, payload=offer.chat or {})

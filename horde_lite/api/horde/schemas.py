@@ -34,6 +34,7 @@ from horde_lite.inputs import (  # noqa: F401
     TextRequestInput,
     UserCreate,
     UserUpdate,
+    WorkerMessageInput,
     WorkerUpdate,
 )
 
@@ -121,14 +122,34 @@ class NoValidRequestFoundKobold(msgspec.Struct, kw_only=True, omit_defaults=True
     max_context_length: int = 0
 
 
+class ResponseModelMessagePop(msgspec.Struct, kw_only=True):
+    """A worker message as a pop hands it (upstream's model of that name)."""
+
+    id: str
+    message: str
+    origin: str
+    expiry: str  # RFC 822, as upstream: "Mon, 01 Jan 2024 12:00:00 -0000"
+
+
+class ResponseModelMessage(ResponseModelMessagePop, kw_only=True):
+    """A worker message in full (upstream's model of that name): its worker (absent for a message
+    to every worker), its sender's id and when it was sent."""
+
+    user_id: str  # the sender's id, as upstream writes it: the number of "name#id", as a string
+    created: str  # RFC 822
+    worker_id: str | UnsetType = UNSET
+
+
 class GenerationPayloadKobold(msgspec.Struct, kw_only=True):
     """POST /generate/text/pop. No job: `id` null, `ids` and `payload` empty. A job: the Kobold
-    payload (`kind` "text") or the chat payload (`kind` "chat", with `stream`)."""
+    payload (`kind` "text") or the chat payload (`kind` "chat", with `stream`). Either way the
+    worker's unexpired messages (`messages`)."""
 
     id: str | None
     ids: list[str]
     payload: dict[str, Any]
     skipped: NoValidRequestFoundKobold
+    messages: list[ResponseModelMessagePop] = []
     model: str | UnsetType = UNSET
     ttl: int | UnsetType = UNSET  # the lease, seconds
     kind: Literal["text", "chat"] | UnsetType = UNSET
@@ -457,6 +478,7 @@ class UserDetails(msgspec.Struct, kw_only=True):
     worker_invited: int = 0  # workers the user may hold beyond the default limit (0: the default)
     contact: str | UnsetType = UNSET  # the user's own key or a moderator
     admin_comment: str | UnsetType = UNSET  # moderators only
+    flagged: bool | UnsetType = UNSET  # the user's own key or a moderator
     worker_ids: list[str] | UnsetType = UNSET  # the user's own key, or a moderator
     sharedkey_ids: list[str] | UnsetType = UNSET  # the same; each key's hash, not the key
     # The user's limits in force (docs/reference/keys.md), to the user and moderators: upstream's
@@ -479,6 +501,7 @@ class ModifyUser(msgspec.Struct, kw_only=True):
     admin_comment: str | UnsetType = UNSET
     public_workers: bool | UnsetType = UNSET
     worker_invited: int | UnsetType = UNSET
+    flagged: bool | UnsetType = UNSET
     concurrency: int | UnsetType = UNSET
     monthly_kudos: int | UnsetType = UNSET  # the new monthly amount
     allowed_models: list[str] | UnsetType = UNSET

@@ -58,7 +58,7 @@ def user_details(found: profiles.UserRecord) -> UserDetails:
         ),
         worker_ids=unset_none(found.worker_ids), sharedkey_ids=unset_none(found.sharedkey_ids),
         worker_invited=found.user.worker_invited, contact=unset_none(found.contact),
-        admin_comment=unset_none(found.admin_comment),
+        admin_comment=unset_none(found.admin_comment), flagged=unset_none(found.flagged),
     )  # fmt: skip
 
 
@@ -123,6 +123,7 @@ async def change_user(
         admin_comment=unset_none(found.admin_comment),
         public_workers=unset_none(found.public_workers),
         worker_invited=unset_none(found.worker_invited),
+        flagged=unset_none(found.flagged),
         concurrency=unset_none(changed.concurrency),
         monthly_kudos=unset_none(changed.monthly_kudos),
         allowed_models=unset_none(changed.allowed_models),

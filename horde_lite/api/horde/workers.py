@@ -32,7 +32,7 @@ def worker_details(found: workers.WorkerRecord) -> WorkerDetails:
     return WorkerDetails(
         type="text", name=w.name, id=w.id, online=found.online, models=list(w.models),
         max_length=w.max_length, max_context_length=w.max_context_length, threads=w.threads,
-        bridge_agent=w.bridge_agent, nsfw=w.nsfw, trusted=w.trusted, flagged=False,
+        bridge_agent=w.bridge_agent, nsfw=w.nsfw, trusted=w.trusted, flagged=found.owner_flagged,
         maintenance_mode=w.maintenance, paused=w.paused, info=w.info or None,
         performance=f"{found.speed:.1f} tokens per second", requests_fulfilled=w.completed_jobs,
         kudos_rewards=round(w.kudos_earned, 2),
