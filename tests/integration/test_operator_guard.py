@@ -35,7 +35,8 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
         "/dashboard/invites/{invite:str}/revoke", "/api/v2/invites", "/api/v2/invites/{code:str}",
         "/dashboard/users/create",
         "/dashboard/users/{user_id:str}/kudos", "/dashboard/users/{user_id:str}/flags",
-        "/dashboard/users/{user_id:str}/delete",
+        "/dashboard/users/{user_id:str}/delete", "/dashboard/messages",
+        "/dashboard/messages/{message_id:str}/delete",
     }  # fmt: skip
 
 
