@@ -43,6 +43,7 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
         "/dashboard/ip_timeouts/lift",
         "/dashboard/filters", "/dashboard/filters/{filter_id:str}/delete", "/api/v2/filters",
         "/api/v2/filters/regex", "/api/v2/filters/{filter_id:str}",
+        "/dashboard/messages", "/dashboard/messages/{message_id:str}/delete",
     }  # fmt: skip
 
 

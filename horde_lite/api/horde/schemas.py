@@ -479,8 +479,6 @@ class UserDetails(msgspec.Struct, kw_only=True):
     contact: str | UnsetType = UNSET  # the user's own key or a moderator
     admin_comment: str | UnsetType = UNSET  # moderators only
     flagged: bool | UnsetType = UNSET  # the user's own key or a moderator
-    worker_ids: list[str] | UnsetType = UNSET  # the user's own key, or a moderator
-    sharedkey_ids: list[str] | UnsetType = UNSET  # the same; each key's hash, not the key
     # The user's limits in force (docs/reference/keys.md), to the user and moderators: upstream's
     # concurrency and monthly_kudos, horde_lite's others (-1 none; [] any model).
     concurrency: int | UnsetType = UNSET
