@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
@@ -15,7 +16,7 @@ from horde_lite.clock import Clock
 from horde_lite.core.modes import MODES_OFF, HordeModes
 from horde_lite.core.notify import Notifier
 from horde_lite.core.tasks import TaskSet
-from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read
+from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read, make_sessionmaker
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.filters.cache import FilterCache
 from horde_lite.metrics import Metrics
@@ -126,3 +127,16 @@ class Caller:
     apikey: str | None = None
     client_agent: str = ""
     address: str = ""
+
+
+def transaction_on(target: Horde | AsyncEngine) -> contextlib.AbstractAsyncContextManager[AsyncSession]:
+    """A transaction on a running horde, or on a bare engine (the CLI, which starts no horde)."""
+    if isinstance(target, Horde):
+        return target.transaction()
+
+    @contextlib.asynccontextmanager
+    async def one() -> AsyncIterator[AsyncSession]:
+        async with make_sessionmaker(target)() as session, session.begin():
+            yield session
+
+    return one()

@@ -15,7 +15,7 @@ from litestar.response import Template
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import viewer_of
 from horde_lite.core.errors import HordeError
-from horde_lite.dashboard.routes import ACTED, HEADERS, PATH, same_origin
+from horde_lite.dashboard.routes import ACTED, PATH, action_page, same_origin
 from horde_lite.filters import store
 from horde_lite.inputs import FilterInput
 
@@ -23,8 +23,7 @@ FIELDS = ("regex", "filter_type", "description", "replacement")
 
 
 def _done(message: str, status: int = 200) -> Template:
-    context = {"message": message, "failed": status >= 400}
-    return Template("filter_action.html", context=context, status_code=status, headers=HEADERS)
+    return action_page(message, status=status, panel="filters")
 
 
 @post("/", **ACTED)

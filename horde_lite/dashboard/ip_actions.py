@@ -14,14 +14,13 @@ from litestar.response import Template
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import viewer_of
 from horde_lite.core.errors import HordeError
-from horde_lite.dashboard.routes import ACTED, HEADERS, PATH, same_origin
+from horde_lite.dashboard.routes import ACTED, PATH, action_page, same_origin
 from horde_lite.operators import ip_timeouts
 from horde_lite.operators.ip_rule import MOST_HOURS, shown
 
 
 def _done(message: str, status: int = 200) -> Template:
-    context = {"message": message, "failed": status >= 400}
-    return Template("ip_action.html", context=context, status_code=status, headers=HEADERS)
+    return action_page(message, status=status, panel="timeouts")
 
 
 def _hours(value: object) -> int | None:

@@ -192,7 +192,7 @@ async def revoke_invite(
 
 
 def _mode_refused(status: int, message: str) -> Template:
-    return Template("mode_action.html", context={"message": message}, status_code=status, headers=HEADERS)
+    return action_page(message, status=status, panel="modes")
 
 
 @post("/modes", **{**ACTED, "status_code": 303})
@@ -225,7 +225,7 @@ async def logout(request: Request[Any, Any, Any]) -> Redirect:
 # --- the users panel's actions -------------------------------------------------------------------
 
 
-def _done(
+def action_page(
     message: str,
     *,
     status: int = 200,
@@ -233,10 +233,11 @@ def _done(
     confirm: dict[str, Any] | None = None,
     panel: str = "users",
 ) -> Template:
+    """The page every dashboard action answers with: what happened, and a link back to its panel."""
     context = {
         "message": message, "api_key": api_key, "confirm": confirm, "failed": status >= 400, "panel": panel
     }  # fmt: skip
-    return Template("user_action.html", context=context, status_code=status, headers=HEADERS)
+    return Template("action.html", context=context, status_code=status, headers=HEADERS)
 
 
 async def _form(request: Request[Any, Any, Any]) -> dict[str, str]:
@@ -248,14 +249,14 @@ async def _form(request: Request[Any, Any, Any]) -> dict[str, str]:
 async def _act(request: Request[Any, Any, Any], act: Any, panel: str = "users") -> Template:
     """Run one action as the signed-in moderator: its page, or the refusal's (the rule's message)."""
     if not same_origin(request):
-        return _done("A change must come from this site's own dashboard.", status=403, panel=panel)
+        return action_page("A change must come from this site's own dashboard.", status=403, panel=panel)
     who = profiles.SignedIn(viewer_of(request).user_id or 0)
     try:
         return await act(who, await _form(request))
     except HordeError as exc:
-        return _done(exc.message, status=exc.rc.status, panel=panel)
+        return action_page(exc.message, status=exc.rc.status, panel=panel)
     except msgspec.ValidationError as exc:
-        return _done(f"Nothing changed: {exc}.", status=400, panel=panel)
+        return action_page(f"Nothing changed: {exc}.", status=400, panel=panel)
 
 
 @post("/users/create", **ACTED)
@@ -263,7 +264,7 @@ async def create_user(request: Request[Any, Any, Any], horde: HordeDep) -> Templ
     async def act(who: profiles.SignedIn, form: dict[str, str]) -> Template:
         body = msgspec.convert(form, UserCreate, strict=False)
         made = await profiles.create(horde, who, body)
-        return _done(f"Created {made.name}. Its API key, shown this once:", api_key=made.api_key)
+        return action_page(f"Created {made.name}. Its API key, shown this once:", api_key=made.api_key)
 
     return await _act(request, act)
 
@@ -273,7 +274,7 @@ async def change_kudos(request: Request[Any, Any, Any], horde: HordeDep, user_id
     async def act(who: profiles.SignedIn, form: dict[str, str]) -> Template:
         body = msgspec.convert({"kudos": form.get("amount")}, UserUpdate, strict=False)
         changed = await profiles.modify_user(horde, who, user_id, body)
-        return _done(f"User {user_id} now has {changed.new_kudos} kudos.")
+        return action_page(f"User {user_id} now has {changed.new_kudos} kudos.")
 
     return await _act(request, act)
 
@@ -286,7 +287,7 @@ async def change_flags(request: Request[Any, Any, Any], horde: HordeDep, user_id
             horde, who, user_id, msgspec.convert(flags, UserUpdate, strict=False)
         )
         said = [f"{k} {'on' if getattr(changed, k) else 'off'}" for k in flags]
-        return _done(f"User {user_id}: {', '.join(said)}.")
+        return action_page(f"User {user_id}: {', '.join(said)}.")
 
     return await _act(request, act)
 
@@ -300,9 +301,9 @@ async def delete_user(request: Request[Any, Any, Any], horde: HordeDep, user_id:
             name = form.get("name", f"user {user_id}")[:200]
             question = {"action": f"{PATH}/users/{user_id}/delete", "name": name}
             warning = "Its workers are deleted, its shared keys removed and its key stops working."
-            return _done(f"Delete {name}? {warning} This cannot be undone.", confirm=question)
+            return action_page(f"Delete {name}? {warning} This cannot be undone.", confirm=question)
         gone = await profiles.delete(horde, who, user_id)
-        return _done(
+        return action_page(
             f"Deleted {gone.name}: {gone.workers} worker(s) deleted, {gone.shared_keys} shared key(s) "
             f"removed; its balance of {gone.kudos:.2f} kudos stays with the deleted row."
         )
@@ -325,7 +326,7 @@ async def send_message(request: Request[Any, Any, Any], horde: HordeDep) -> Temp
         fields = {k: form[k] for k in ("message", "origin", "expiry") if k in form}
         body = msgspec.convert({**fields, "worker_id": worker_id}, WorkerMessageInput, strict=False)
         sent = await worker_messages.send(horde, who, body)
-        return _done(f"Sent to {named or 'every worker'}: message {sent.id}.", panel="messages")
+        return action_page(f"Sent to {named or 'every worker'}: message {sent.id}.", panel="messages")
 
     return await _act(request, act, "messages")
 
@@ -336,7 +337,7 @@ async def delete_message(
 ) -> Template:
     async def act(who: profiles.SignedIn, form: dict[str, str]) -> Template:
         await worker_messages.remove(horde, who, message_id)
-        return _done(f"Deleted message {message_id}.", panel="messages")
+        return action_page(f"Deleted message {message_id}.", panel="messages")
 
     return await _act(request, act, "messages")
 

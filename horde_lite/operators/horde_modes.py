@@ -13,12 +13,11 @@ switches at once both count and the version says which came last.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sqlalchemy import select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -26,7 +25,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from horde_lite.clock import Clock
-from horde_lite.core.context import Horde
+from horde_lite.core.context import Horde, transaction_on
 from horde_lite.core.modes import MODES_OFF, HordeModes
 from horde_lite.db.engine import make_sessionmaker
 from horde_lite.db.models import HordeModeChange, HordeModeState
@@ -63,18 +62,6 @@ async def read(session: AsyncSession) -> HordeModes:
     return _modes(await session.get(HordeModeState, ROW_ID, populate_existing=True))
 
 
-def _session(target: Horde | AsyncEngine) -> contextlib.AbstractAsyncContextManager[AsyncSession]:
-    if isinstance(target, Horde):
-        return target.transaction()
-
-    @contextlib.asynccontextmanager
-    async def one() -> Any:
-        async with make_sessionmaker(target)() as session, session.begin():
-            yield session
-
-    return one()
-
-
 async def _locked_row(session: AsyncSession, now: float) -> HordeModeState:
     """The row, locked; inserted first (every mode off) unless another process just did."""
     dialect = session.get_bind().dialect.name
@@ -103,7 +90,7 @@ async def switch(
     (the CLI; the servers apply it at their next poll)."""
     if now is None:
         now = target.clock.now() if isinstance(target, Horde) else Clock().now()
-    async with _session(target) as session:
+    async with transaction_on(target) as session:
         row = await _locked_row(session, now)
         changed = [(mode, on) for mode, on in changes.items() if getattr(row, mode) != on]
         for mode, on in changed:

@@ -35,8 +35,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from horde_lite.clock import Clock
-from horde_lite.core.context import Horde
-from horde_lite.db.engine import make_sessionmaker
+from horde_lite.core.context import Horde, transaction_on
 from horde_lite.db.models import PolicyChange, PolicyState
 from horde_lite.operators import horde_modes
 from horde_lite.policies.kinds import PolicyKind
@@ -117,18 +116,6 @@ async def read_state(session: AsyncSession) -> dict[str, KindState]:
     return {row.kind: _state(row) for row in rows}
 
 
-def _session(target: Horde | AsyncEngine) -> contextlib.AbstractAsyncContextManager[AsyncSession]:
-    if isinstance(target, Horde):
-        return target.transaction()
-
-    @contextlib.asynccontextmanager
-    async def one() -> Any:
-        async with make_sessionmaker(target)() as session, session.begin():
-            yield session
-
-    return one()
-
-
 async def _insert_if_missing(
     session: AsyncSession, kind: str, name: str, options: dict[str, Any], now: float
 ) -> bool:
@@ -166,7 +153,7 @@ async def switch(
     build(kind, name, options)  # refuse before writing anything
     if now is None:
         now = target.clock.now() if isinstance(target, Horde) else Clock().now()
-    async with _session(target) as session:
+    async with transaction_on(target) as session:
         query = select(PolicyState).where(PolicyState.kind == kind).with_for_update()
         row = (await session.execute(query)).scalar_one_or_none()
         if row is None and await _insert_if_missing(session, kind, name, options, now):
@@ -188,7 +175,7 @@ async def switch(
 
 async def history(target: Horde | AsyncEngine, limit: int = 50) -> list[ChangeView]:
     """The newest `limit` switches, newest first."""
-    async with _session(target) as session:
+    async with transaction_on(target) as session:
         query = select(PolicyChange).order_by(PolicyChange.id.desc()).limit(limit)
         rows = (await session.execute(query)).scalars().all()
     return [ChangeView(r.id, r.at, r.kind, r.old_name, r.new_name, dict(r.options or {}), r.source)

@@ -5,19 +5,14 @@ moderator who signs in, adds a filter by typing and clicking, and sees a request
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
-from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
-from horde_lite.clock import ManualClock
-from tests.conftest import make_settings
 from tests.integration.test_dashboard import _make_moderator, browser  # noqa: F401 (a fixture)
 from tests.support.cdp import browser_page
+from tests.support.dashboard import BROWSER_SERVER, open_pages  # noqa: F401 (a fixture)
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served as running_server
 
@@ -96,14 +91,9 @@ async def test_who_may_post_the_panels_actions(client: HordeClient) -> None:
     assert await _filters(client) == []
 
 
-@pytest.fixture
-async def open_pages(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]:
-    app = create_app(make_settings(db_url, http={"open_operator_pages": True}), clock, run_sweeper=False)
-    async with AsyncTestClient(app=app, timeout=30) as http:
-        yield HordeClient(http, app.state.horde)
-
-
-async def test_open_pages_open_no_filter_action_and_no_route(open_pages: HordeClient) -> None:
+async def test_open_pages_open_no_filter_action_and_no_route(
+    open_pages: HordeClient,  # noqa: F811 (the fixture imported above)
+) -> None:
     client = open_pages
     assert (await client.http.get("/dashboard/panels/filters")).status_code == 200  # the panel reads
     made = await client.http.post("/dashboard/filters", data={"regex": "x", "filter_type": "10"})
@@ -119,39 +109,19 @@ async def test_a_moderator_adds_a_filter_in_a_browser_and_it_refuses_a_request(
     tmp_path: Path,
 ) -> None:
     key = await _make_moderator(db_url)
-    overrides: dict[str, dict[str, object]] = {
-        "http": {"open_operator_pages": False},
-        "lease": {"sweep_seconds": 0},
-        "database": {"null_pool": True},
-    }
-    with running_server(db_url, overrides, tmp_path) as server:
+    with running_server(db_url, BROWSER_SERVER, tmp_path) as server:
         async with browser_page(browser, tmp_path / "chromium-profile") as page:
-
-            async def click(selector: str) -> None:
-                found = await page.evaluate(
-                    f"(() => {{ const e = document.querySelector({selector!r});"
-                    " if (e) e.scrollIntoView({block: 'center'}); return !!e; })()"
-                )
-                assert found, selector
-                await page.click(selector)
-
-            await page.navigate(f"{server.base}/dashboard")
-            await page.click("#apikey")
-            await page.type(key)
-            await page.click("button[type=submit]")
-            await page.event("Page.loadEventFired")
+            await page.sign_in(server.base, key)
             assert await page.until("!!document.querySelector('#filter-regex')")
 
-            await click("#filter-regex")
+            await page.click_in_view("#filter-regex")
             await page.type(r"\bpurple\s+cow\b")
-            await click("#filter-description")
+            await page.click_in_view("#filter-description")
             await page.type("Cows are never purple here.")
-            await click("#add-filter-go")
-            await page.event("Page.loadEventFired")
+            await page.submit("#add-filter-go")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert "is in force" in message, message
-            await click("#back")
-            await page.event("Page.loadEventFired")
+            await page.submit("#back")
             assert await page.until("document.querySelectorAll('tr[data-filter]').length === 1")
 
             async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:

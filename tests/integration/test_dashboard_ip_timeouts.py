@@ -6,20 +6,15 @@ then refuses to a client behind its trusted proxy, until the moderator lifts it.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
-from litestar.testing import AsyncTestClient
 from sqlalchemy import func, select
 
-from horde_lite.app import create_app
-from horde_lite.clock import ManualClock
 from horde_lite.db.models import IpTimeout
-from tests.conftest import make_settings
 from tests.integration.test_dashboard import _make_moderator, browser  # noqa: F401 (a fixture)
 from tests.support.cdp import browser_page
+from tests.support.dashboard import BROWSER_SERVER, open_pages  # noqa: F401 (a fixture)
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served as running_server
 
@@ -92,14 +87,9 @@ async def test_who_may_post_the_panels_actions(client: HordeClient) -> None:
     assert await _count(client) == 0
 
 
-@pytest.fixture
-async def open_pages(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]:
-    app = create_app(make_settings(db_url, http={"open_operator_pages": True}), clock, run_sweeper=False)
-    async with AsyncTestClient(app=app, timeout=30) as http:
-        yield HordeClient(http, app.state.horde)
-
-
-async def test_open_pages_open_no_action(open_pages: HordeClient) -> None:
+async def test_open_pages_open_no_action(
+    open_pages: HordeClient,  # noqa: F811 (the fixture imported above)
+) -> None:
     client = open_pages
     assert (await client.http.get(PANEL)).status_code == 200  # the panel is open to read
     for path in (ADD, LIFT):
@@ -117,48 +107,26 @@ async def test_a_moderator_times_out_a_network_in_a_browser(
     the served app then refuses a client the trusted proxy (uvicorn's, trusting 127.0.0.1) says is
     in it, serves the others, and serves it again once the moderator clicks Lift."""
     key = await _make_moderator(db_url)
-    overrides: dict[str, dict[str, object]] = {
-        "http": {"open_operator_pages": False},
-        "lease": {"sweep_seconds": 0},
-        "database": {"null_pool": True},
-    }
     quote = {"prompt": "Hi", "dry_run": True}
 
     async def quoted(http: httpx.AsyncClient, address: str | None) -> httpx.Response:
         headers = {"X-Forwarded-For": address} if address else {}
         return await http.post("/api/v2/generate/text/async", json=quote, headers=headers)
 
-    with running_server(db_url, overrides, tmp_path) as server:
+    with running_server(db_url, BROWSER_SERVER, tmp_path) as server:
         async with (
             browser_page(browser, tmp_path / "chromium-profile") as page,
             httpx.AsyncClient(base_url=server.base, timeout=30) as http,
         ):
-
-            async def click(selector: str) -> None:
-                """Scrolled into view first (the panel is below the window's first screen)."""
-                found = await page.evaluate(
-                    f"(() => {{ const e = document.querySelector({selector!r});"
-                    " if (e) e.scrollIntoView({block: 'center'}); return !!e; })()"
-                )
-                assert found, selector
-                await page.click(selector)
-
-            async def submit(selector: str) -> None:
-                await click(selector)
-                await page.event("Page.loadEventFired")
-
-            await page.navigate(f"{server.base}/dashboard")
-            await page.click("#apikey")
-            await page.type(key)
-            await submit("button[type=submit]")
+            await page.sign_in(server.base, key)
             assert await page.until("!!document.querySelector('#ip-timeout-address')")
 
-            await click("#ip-timeout-address")
+            await page.click_in_view("#ip-timeout-address")
             await page.type("203.0.113.0/24")
-            await click("#ip-timeout-hours")
+            await page.click_in_view("#ip-timeout-hours")
             await page.evaluate("document.querySelector('#ip-timeout-hours').select()")
             await page.type("3")
-            await submit("#add-ip-timeout-go")
+            await page.submit("#add-ip-timeout-go")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert message == "203.0.113.0/24 is in timeout for 3 hour(s).", message
 
@@ -167,10 +135,10 @@ async def test_a_moderator_times_out_a_network_in_a_browser(
             assert (await quoted(http, "203.0.114.9")).status_code == 200
             assert (await quoted(http, None)).status_code == 200  # no header: the proxy itself
 
-            await submit("#back")
+            await page.submit("#back")
             row = "tr[data-ipaddr='203.0.113.0/24']"
             assert await page.until(f"!!document.querySelector({row!r})")
-            await submit(f"{row} button")
+            await page.submit(f"{row} button")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert message == "The timeout of 203.0.113.0/24 is lifted.", message
             assert (await quoted(http, "203.0.113.9")).status_code == 200

@@ -5,19 +5,14 @@ switches invite-only mode by clicking."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
-from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
-from horde_lite.clock import ManualClock
-from tests.conftest import make_settings
 from tests.integration.test_dashboard import _make_moderator, browser  # noqa: F401 (a fixture)
 from tests.support.cdp import browser_page
+from tests.support.dashboard import BROWSER_SERVER, open_pages  # noqa: F401 (a fixture)
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served as running_server
 
@@ -81,14 +76,9 @@ async def test_the_panel_shows_and_switches_the_modes(client: HordeClient) -> No
     assert len(await _switches(client)) == 1
 
 
-@pytest.fixture
-async def open_pages(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]:
-    app = create_app(make_settings(db_url, http={"open_operator_pages": True}), clock, run_sweeper=False)
-    async with AsyncTestClient(app=app, timeout=30) as http:
-        yield HordeClient(http, app.state.horde)
-
-
-async def test_open_pages_show_the_modes_but_switch_none(open_pages: HordeClient) -> None:
+async def test_open_pages_show_the_modes_but_switch_none(
+    open_pages: HordeClient,  # noqa: F811 (the fixture imported above)
+) -> None:
     page = await open_pages.http.get("/dashboard")
     assert page.status_code == 200
     assert 'data-panel="modes"' in page.text
@@ -105,23 +95,12 @@ async def test_a_moderator_switches_a_mode_in_a_browser(
     """Signed in through the form, the moderator clicks invite-only's button; the panel and the API
     both say it is on."""
     key = await _make_moderator(db_url)
-    overrides: dict[str, dict[str, object]] = {
-        "http": {"open_operator_pages": False},
-        "lease": {"sweep_seconds": 0},
-        "database": {"null_pool": True},
-    }
-    with running_server(db_url, overrides, tmp_path) as server:
+    with running_server(db_url, BROWSER_SERVER, tmp_path) as server:
         async with browser_page(browser, tmp_path / "chromium-profile") as page:
-            await page.navigate(f"{server.base}/dashboard")
-            await page.click("#apikey")
-            await page.type(key)
-            await page.click("button[type=submit]")
-            await page.event("Page.loadEventFired")
+            await page.sign_in(server.base, key)
             go = "#mode-invite_only-go"
             assert await page.until(f"!!document.querySelector({go!r})")
-            await page.evaluate(f"document.querySelector({go!r}).scrollIntoView({{block: 'center'}})")
-            await page.click(go)
-            await page.event("Page.loadEventFired")
+            await page.submit(go)
             state = "document.querySelector('#mode-invite_only-state')"
             assert await page.until(f"{state} && {state}.textContent === 'on'")
             async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:

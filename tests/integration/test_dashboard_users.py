@@ -5,19 +5,14 @@ Chromium, a moderator who signs in and uses the panel by typing and clicking."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import httpx
-import pytest
-from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
-from horde_lite.clock import ManualClock
-from tests.conftest import make_settings
 from tests.integration.test_dashboard import COOKIE, _make_moderator, browser  # noqa: F401 (a fixture)
 from tests.support.cdp import browser_page
+from tests.support.dashboard import BROWSER_SERVER, open_pages  # noqa: F401 (a fixture)
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served as running_server
 
@@ -164,14 +159,9 @@ async def test_who_may_post_the_panels_actions(client: HordeClient) -> None:
     assert await client.balance("someone") == 5
 
 
-@pytest.fixture
-async def open_pages(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]:
-    app = create_app(make_settings(db_url, http={"open_operator_pages": True}), clock, run_sweeper=False)
-    async with AsyncTestClient(app=app, timeout=30) as http:
-        yield HordeClient(http, app.state.horde)
-
-
-async def test_open_pages_open_no_action(open_pages: HordeClient) -> None:
+async def test_open_pages_open_no_action(
+    open_pages: HordeClient,  # noqa: F811 (the fixture imported above)
+) -> None:
     client = open_pages
     await client.user("someone")
     page = await client.http.get("/dashboard")
@@ -193,43 +183,21 @@ async def test_a_moderator_uses_the_users_panel_in_a_browser(
     key shown once (and it works), gives it kudos by typing an amount, flags it, then deletes it
     through the confirmation page."""
     key = await _make_moderator(db_url)
-    overrides: dict[str, dict[str, object]] = {
-        "http": {"open_operator_pages": False},
-        "lease": {"sweep_seconds": 0},
-        "database": {"null_pool": True},
-    }
-    with running_server(db_url, overrides, tmp_path) as server:
+    with running_server(db_url, BROWSER_SERVER, tmp_path) as server:
         async with browser_page(browser, tmp_path / "chromium-profile") as page:
-
-            async def click(selector: str) -> None:
-                """Scrolled into view first (the panel is below the window's first screen)."""
-                found = await page.evaluate(
-                    f"(() => {{ const e = document.querySelector({selector!r});"
-                    " if (e) e.scrollIntoView({block: 'center'}); return !!e; })()"
-                )
-                assert found, selector
-                await page.click(selector)
-
-            async def submit(selector: str) -> None:
-                await click(selector)
-                await page.event("Page.loadEventFired")
-
-            await page.navigate(f"{server.base}/dashboard")
-            await page.click("#apikey")
-            await page.type(key)
-            await submit("button[type=submit]")
+            await page.sign_in(server.base, key)
             assert await page.until("!!document.querySelector('#new-username')")
 
-            await click("#new-username")
+            await page.click_in_view("#new-username")
             await page.type("browser-made")
-            await click("#new-kudos")
+            await page.click_in_view("#new-kudos")
             await page.type("7")
-            await submit("#create-user-go")
+            await page.submit("#create-user-go")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert "Created browser-made#" in message, message
             new_key = await page.evaluate("document.querySelector('#new-key').textContent")
             assert len(new_key) == 22
-            await submit("#back")
+            await page.submit("#back")
 
             async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:
                 me = (await http.get("/api/v2/find_user", headers={"apikey": new_key})).json()
@@ -237,31 +205,31 @@ async def test_a_moderator_uses_the_users_panel_in_a_browser(
 
             selector = "tr[data-user^='browser-made#']"
             assert await page.until(f"!!document.querySelector({selector!r})")
-            await click(f"{selector} input[name=amount]")
+            await page.click_in_view(f"{selector} input[name=amount]")
             await page.type("35.5")
-            await submit(f"{selector} form.kudos button")
+            await page.submit(f"{selector} form.kudos button")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert "42.5" in message, message
-            await submit("#back")
+            await page.submit("#back")
             cell = f"document.querySelector({selector!r})"
             kudos = await page.until(f"{cell} && {cell}.children[1].textContent")
             assert kudos == "42.50"
 
-            await submit(f"{selector} button.flagged")
+            await page.submit(f"{selector} button.flagged")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert "flagged on" in message, message
-            await submit("#back")
+            await page.submit("#back")
             button = f"{cell} && {cell}.querySelector('button.flagged').textContent"
             assert await page.until(f"{button} == 'Unflag'")
 
-            await submit(f"{selector} button.delete")
+            await page.submit(f"{selector} button.delete")
             assert await page.evaluate("!!document.querySelector('#confirm-delete')")
             async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:  # not yet deleted
                 assert (await http.get("/api/v2/find_user", headers={"apikey": new_key})).status_code == 200
-            await submit("#confirm-delete")
+            await page.submit("#confirm-delete")
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert "Deleted browser-made#" in message, message
-            await submit("#back")
+            await page.submit("#back")
             assert await page.until("!!document.querySelector('#new-username')")
             assert not await page.evaluate(f"!!document.querySelector({selector!r})")
             async with httpx.AsyncClient(base_url=server.base, timeout=30) as http:

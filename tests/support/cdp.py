@@ -74,6 +74,27 @@ class Page:
         for kind in ("mouseMoved", "mousePressed", "mouseReleased"):
             await self.call("Input.dispatchMouseEvent", type=kind, x=x, y=y, button="left", clickCount=1)
 
+    async def click_in_view(self, selector: str) -> None:
+        """Scrolled into view first (a panel may lie below the window's first screen), then clicked."""
+        found = await self.evaluate(
+            f"(() => {{ const e = document.querySelector({json.dumps(selector)});"
+            " if (e) e.scrollIntoView({block: 'center'}); return !!e; })()"
+        )
+        assert found, selector
+        await self.click(selector)
+
+    async def submit(self, selector: str) -> None:
+        """Click a form's button and wait for the page it loads."""
+        await self.click_in_view(selector)
+        await self.event("Page.loadEventFired")
+
+    async def sign_in(self, base: str, key: str) -> None:
+        """Open the dashboard and sign in through its form, typing the key as a person does."""
+        await self.navigate(f"{base}/dashboard")
+        await self.click("#apikey")
+        await self.type(key)
+        await self.submit("button[type=submit]")
+
     async def type(self, text: str) -> None:
         """Keys typed into the focused element, one character at a time."""
         for char in text:
