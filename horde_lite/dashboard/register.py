@@ -13,10 +13,12 @@ from litestar.response import Template
 
 from horde_lite.accounts import registration
 from horde_lite.api.deps import HordeDep
+from horde_lite.api.ratelimit import client_address
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.core.modes import registration_mode
 from horde_lite.dashboard.routes import HEADERS, same_origin
+from horde_lite.operators import ip_timeouts
 
 PATH = "/register"
 
@@ -42,6 +44,7 @@ async def register(request: Request[Any, Any, Any], horde: HordeDep) -> Template
     form = await request.form()
     username, invite = _field(form, "username"), _field(form, "invite").strip()
     try:
+        await ip_timeouts.check(horde, client_address(request))  # as the API's route is guarded
         made = await registration.register(horde, username, invite or None)
     except HordeError as exc:
         return _page(horde, exc.rc.status, message=exc.message, username=username)

@@ -386,3 +386,22 @@ async def test_the_horde_holds_a_bounded_number_of_live_timeouts(edge: HordeClie
     edge.clock.advance(61)  # half of them end
     await time_out(edge, mod, "203.0.113.7")
     assert await stored(edge) == (0, MOST_LIVE // 2 + 1)
+
+
+async def test_a_timed_out_address_registers_no_account(db_url: str) -> None:
+    """Open registration: the timed-out address gets no account through the API or the page; its
+    neighbour does."""
+    async with behind_a_proxy(make_app(db_url, accounts={"registration": "open"})) as client:
+        mod = await client.user("mod", moderator=True)
+        await time_out(client, mod, "203.0.113.7")
+        headers = {"X-Forwarded-For": "203.0.113.7"}
+        refused(await client.http.post("/api/v2/register", json={"username": "abuser"}, headers=headers))
+        page = await client.http.post("/register", data={"username": "abuser"}, headers=headers)
+        assert page.status_code == 403, page.text
+        assert "your IP address has been put into timeout" in page.text
+        made = await client.http.post(
+            "/api/v2/register", json={"username": "neighbour"}, headers={"X-Forwarded-For": "203.0.113.8"}
+        )
+        assert made.status_code == 200, made.text
+        names = (await client.http.get("/api/v2/users", headers={"apikey": mod})).json()
+        assert sorted(u["username"].split("#")[0] for u in names) == ["mod", "neighbour"]

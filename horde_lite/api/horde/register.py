@@ -10,6 +10,7 @@ from litestar import Request, delete, get, post
 from litestar.params import FromPath, JSONBody
 
 from horde_lite.accounts import invites, registration
+from horde_lite.api.address_guard import address_guard
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.guards import OPERATOR_ACTIONS, moderator_guard, viewer_of
 from horde_lite.api.horde.schemas import InviteDetails, InviteInput, RegisterInput, UserKeyDetails
@@ -30,7 +31,7 @@ def invite_details(found: invites.Invite) -> InviteDetails:
     return details
 
 
-@post("/register", status_code=200)
+@post("/register", status_code=200, guards=[address_guard])
 async def register(data: JSONBody[RegisterInput], horde: HordeDep) -> UserKeyDetails:
     """Open to anyone when `[accounts] registration = "open"`, to holders of an invite code when
     "invite"; refused with `RegistrationClosed` when "closed" (the default). Rate limited per
