@@ -23,7 +23,7 @@ from horde_lite.dashboard.svg import Mark, Rule, Series, Stack, ago, bar_chart, 
 from horde_lite.filters import patterns
 from horde_lite.filters import store as filter_store
 from horde_lite.operators import ip_timeouts as address_timeouts
-from horde_lite.operators.ip_rule import MOST_HOURS
+from horde_lite.operators.ip_rule import MOST_DAYS, MOST_HOURS
 from horde_lite.requests.admission_rule import AdmissionOutcome
 
 HERE = Path(__file__).parent
@@ -216,7 +216,7 @@ async def users(horde: Horde, search: str = "") -> dict[str, Any]:
 
 
 async def timeouts(horde: Horde) -> dict[str, Any]:
-    return {"timeouts": await address_timeouts.live(horde), "most_hours": MOST_HOURS}
+    return {"timeouts": await address_timeouts.live(horde), "most_hours": MOST_HOURS, "most_days": MOST_DAYS}
 
 
 async def usage(horde: Horde) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from sqlalchemy import func, select
 
 from horde_lite.db.models import IpTimeout
 from tests.integration.test_dashboard import _make_moderator, browser  # noqa: F401 (a fixture)
+from tests.integration.test_ip_timeouts import behind_a_proxy, by, make_app
 from tests.support.cdp import browser_page
 from tests.support.dashboard import BROWSER_SERVER, open_pages  # noqa: F401 (a fixture)
 from tests.support.horde import ANON, HordeClient
@@ -142,3 +143,38 @@ async def test_a_moderator_times_out_a_network_in_a_browser(
             message = await page.evaluate("document.querySelector('#action-message').textContent")
             assert message == "The timeout of 203.0.113.0/24 is lifted.", message
             assert (await quoted(http, "203.0.113.9")).status_code == 200
+
+
+async def test_the_panel_blocks_a_workers_address(db_url: str) -> None:
+    """The block form times out the address the worker last popped from, as the API's worker block
+    does; an unknown worker or bad days store nothing."""
+    async with behind_a_proxy(make_app(db_url)) as client:
+        mod = await client.user("mod", moderator=True)
+        owner = await client.user("owner")
+        worker = {"name": "w1", "models": ["m"]}
+        popped = await client.http.post(
+            "/api/v2/generate/text/pop", json=worker, headers=by("198.51.100.9", owner)
+        )
+        assert popped.status_code == 200, popped.text
+        worker_id = (await client.http.get("/api/v2/workers")).json()[0]["id"]
+        as_mod = {"apikey": mod}
+        for form, status, said in (
+            ({"worker_id": worker_id, "days": "31"}, 400, "1 to 30 days"),
+            ({"worker_id": worker_id, "days": "x"}, 400, "whole number"),
+            ({"worker_id": "no-such-worker", "days": "1"}, 404, "No worker with id"),
+            ({"worker_id": "<script>" * 50, "days": "1"}, 404, "No worker with id"),
+        ):
+            answer = await client.http.post(f"{ADD}/block_worker", data=form, headers=as_mod)
+            assert answer.status_code == status, (form, answer.text)
+            assert said in answer.text, (form, answer.text)
+            assert "<script>" not in answer.text
+        assert await _count(client) == 0
+        blocked = await client.http.post(
+            f"{ADD}/block_worker", data={"worker_id": worker_id, "days": "2"}, headers=as_mod
+        )
+        assert blocked.status_code == 200, blocked.text
+        assert "198.51.100.9, is in timeout for 2 day(s)" in blocked.text
+        again = await client.http.post(
+            "/api/v2/generate/text/pop", json=worker, headers=by("198.51.100.9", owner)
+        )
+        assert (again.status_code, again.json()["rc"]) == (403, "TimeoutIP")

@@ -40,7 +40,7 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
         "/dashboard/users/{user_id:str}/delete", "/dashboard/modes",
         "/api/v2/operations/ipaddr", "/api/v2/operations/ipaddr/{ipaddr:path}",
         "/api/v2/operations/block_worker_ipaddr/{worker_id:str}", "/dashboard/ip_timeouts",
-        "/dashboard/ip_timeouts/lift",
+        "/dashboard/ip_timeouts/lift", "/dashboard/ip_timeouts/block_worker",
         "/dashboard/filters", "/dashboard/filters/{filter_id:str}/delete", "/api/v2/filters",
         "/api/v2/filters/regex", "/api/v2/filters/{filter_id:str}",
         "/dashboard/messages", "/dashboard/messages/{message_id:str}/delete",
