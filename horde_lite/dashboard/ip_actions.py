@@ -1,7 +1,7 @@
-"""The address timeouts panel's actions: time out an address or network, lift a timeout. Shut on
-open pages (`ACTIONS`), form posts checked like the sign-in's (`same_origin`), each calling the
-entry point the API's `/operations/ipaddr` routes call (operators/ip_timeouts.py) as the
-signed-in moderator, and answered with a page saying what was done or refused."""
+"""The address timeouts panel's actions: time out an address or network, block a worker's last
+address, lift a timeout. Each runs through the dashboard's `run_action` (shut on open pages, another
+origin's post refused, a refusal shown with the rule's message) and calls the entry point the API's
+`/operations` routes call (operators/ip_timeouts.py) as the signed-in moderator."""
 
 from __future__ import annotations
 
@@ -11,16 +11,17 @@ from typing import Any
 from litestar import Request, Router, post
 from litestar.response import Template
 
+from horde_lite.accounts.profiles import SignedIn
 from horde_lite.api.deps import HordeDep
-from horde_lite.api.guards import viewer_of
-from horde_lite.core.errors import HordeError
-from horde_lite.dashboard.routes import ACTED, PATH, action_page, same_origin
+from horde_lite.dashboard.routes import ACTED, PATH, action_page, run_action
 from horde_lite.operators import ip_timeouts
 from horde_lite.operators.ip_rule import MOST_DAYS, MOST_HOURS, shown
 
+PANEL = "timeouts"
+
 
 def _done(message: str, status: int = 200) -> Template:
-    return action_page(message, status=status, panel="timeouts")
+    return action_page(message, status=status, panel=PANEL)
 
 
 def _whole(value: object) -> int | None:
@@ -29,53 +30,41 @@ def _whole(value: object) -> int | None:
     return int(text) if re.fullmatch(r"[0-9]{1,4}", text) else None
 
 
-async def _ipaddr(request: Request[Any, Any, Any]) -> tuple[str, Any]:
-    form = await request.form()
-    return str(form.get("ipaddr") or "").strip(), form
-
-
 @post("/", **ACTED)
 async def add_timeout(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
-    if not same_origin(request):
-        return _done("A timeout must come from this site's own dashboard.", status=403)
-    ipaddr, form = await _ipaddr(request)
-    hours = _whole(form.get("hours"))
-    if hours is None:
-        return _done(f"Hours must be a whole number from 1 to {MOST_HOURS}.", status=400)
-    try:
-        network = await ip_timeouts.add(horde, ipaddr, hours, by=viewer_of(request).user_id)
-    except HordeError as exc:
-        return _done(exc.message, status=exc.rc.status)
-    return _done(f"{shown(network)} is in timeout for {hours} hour(s).")
+    async def add(who: SignedIn, form: dict[str, str]) -> Template:
+        hours = _whole(form.get("hours"))
+        if hours is None:
+            return _done(f"Hours must be a whole number from 1 to {MOST_HOURS}.", status=400)
+        network = await ip_timeouts.add(horde, form.get("ipaddr", ""), hours, by=who.user_id)
+        return _done(f"{shown(network)} is in timeout for {hours} hour(s).")
+
+    return await run_action(request, add, PANEL)
 
 
 @post("/lift", **ACTED)
 async def lift_timeout(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
-    if not same_origin(request):
-        return _done("A lift must come from this site's own dashboard.", status=403)
-    ipaddr, _ = await _ipaddr(request)
-    try:
+    async def lift(who: SignedIn, form: dict[str, str]) -> Template:
+        ipaddr = form.get("ipaddr", "")
         lifted = await ip_timeouts.lift(horde, ipaddr)
-    except HordeError as exc:
-        return _done(exc.message, status=exc.rc.status)
-    return _done(f"The timeout of {ipaddr} is lifted." if lifted else f"{ipaddr} had no timeout.")
+        return _done(f"The timeout of {ipaddr} is lifted." if lifted else f"{ipaddr} had no timeout.")
+
+    return await run_action(request, lift, PANEL)
 
 
 @post("/block_worker", **ACTED)
 async def block_worker(request: Request[Any, Any, Any], horde: HordeDep) -> Template:
     """A worker's last address in timeout for some days, as PUT /operations/block_worker_ipaddr."""
-    if not same_origin(request):
-        return _done("A block must come from this site's own dashboard.", status=403)
-    form = await request.form()
-    worker_id = str(form.get("worker_id") or "").strip()
-    days = _whole(form.get("days"))
-    if days is None:
-        return _done(f"Days must be a whole number from 1 to {MOST_DAYS}.", status=400)
-    try:
-        network = await ip_timeouts.block_worker(horde, worker_id, days, by=viewer_of(request).user_id)
-    except HordeError as exc:
-        return _done(exc.message, status=exc.rc.status)
-    return _done(f"The address of worker {worker_id}, {shown(network)}, is in timeout for {days} day(s).")
+
+    async def block(who: SignedIn, form: dict[str, str]) -> Template:
+        worker_id = form.get("worker_id", "")
+        days = _whole(form.get("days"))
+        if days is None:
+            return _done(f"Days must be a whole number from 1 to {MOST_DAYS}.", status=400)
+        network = await ip_timeouts.block_worker(horde, worker_id, days, by=who.user_id)
+        return _done(f"The address of worker {worker_id}, {shown(network)}, is in timeout for {days} day(s).")
+
+    return await run_action(request, block, PANEL)
 
 
 router = Router(

@@ -246,7 +246,7 @@ async def _form(request: Request[Any, Any, Any]) -> dict[str, str]:
     return {k: str(v).strip() for k, v in form.items() if str(v).strip()}
 
 
-async def _act(request: Request[Any, Any, Any], act: Any, panel: str = "users") -> Template:
+async def run_action(request: Request[Any, Any, Any], act: Any, panel: str = "users") -> Template:
     """Run one action as the signed-in moderator: its page, or the refusal's (the rule's message)."""
     if not same_origin(request):
         return action_page("A change must come from this site's own dashboard.", status=403, panel=panel)
@@ -266,7 +266,7 @@ async def create_user(request: Request[Any, Any, Any], horde: HordeDep) -> Templ
         made = await profiles.create(horde, who, body)
         return action_page(f"Created {made.name}. Its API key, shown this once:", api_key=made.api_key)
 
-    return await _act(request, act)
+    return await run_action(request, act)
 
 
 @post("/users/{user_id:str}/kudos", **ACTED)
@@ -276,7 +276,7 @@ async def change_kudos(request: Request[Any, Any, Any], horde: HordeDep, user_id
         changed = await profiles.modify_user(horde, who, user_id, body)
         return action_page(f"User {user_id} now has {changed.new_kudos} kudos.")
 
-    return await _act(request, act)
+    return await run_action(request, act)
 
 
 @post("/users/{user_id:str}/flags", **ACTED)
@@ -289,7 +289,7 @@ async def change_flags(request: Request[Any, Any, Any], horde: HordeDep, user_id
         said = [f"{k} {'on' if getattr(changed, k) else 'off'}" for k in flags]
         return action_page(f"User {user_id}: {', '.join(said)}.")
 
-    return await _act(request, act)
+    return await run_action(request, act)
 
 
 @post("/users/{user_id:str}/delete", **ACTED)
@@ -308,7 +308,7 @@ async def delete_user(request: Request[Any, Any, Any], horde: HordeDep, user_id:
             f"removed; its balance of {gone.kudos:.2f} kudos stays with the deleted row."
         )
 
-    return await _act(request, act)
+    return await run_action(request, act)
 
 
 # --- the worker messages panel's actions ---------------------------------------------------------
@@ -328,7 +328,7 @@ async def send_message(request: Request[Any, Any, Any], horde: HordeDep) -> Temp
         sent = await worker_messages.send(horde, who, body)
         return action_page(f"Sent to {named or 'every worker'}: message {sent.id}.", panel="messages")
 
-    return await _act(request, act, "messages")
+    return await run_action(request, act, "messages")
 
 
 @post("/messages/{message_id:str}/delete", **ACTED)
@@ -339,7 +339,7 @@ async def delete_message(
         await worker_messages.remove(horde, who, message_id)
         return action_page(f"Deleted message {message_id}.", panel="messages")
 
-    return await _act(request, act, "messages")
+    return await run_action(request, act, "messages")
 
 
 router = Router(
