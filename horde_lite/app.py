@@ -15,7 +15,7 @@ from horde_lite.api.allow import AllowEveryMethod
 from horde_lite.api.logfilter import logging_config
 from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
 from horde_lite.api.operator import ROUTES as operator_routes
-from horde_lite.api.ratelimit import rate_limit_middleware
+from horde_lite.api.ratelimit import RateLimits
 from horde_lite.clock import Clock
 from horde_lite.core_plugin import HordeLitePlugin
 from horde_lite.dashboard.routes import DashboardPlugin
@@ -39,6 +39,7 @@ def create_app(
     settings: Settings | None = None, clock: Clock | None = None, *, run_sweeper: bool = True
 ) -> Litestar:
     settings = settings or load_settings()
+    limits = RateLimits(settings)
     return Litestar(
         plugins=[
             HordeLitePlugin(settings, clock, run_sweeper=run_sweeper),
@@ -46,7 +47,9 @@ def create_app(
             DashboardPlugin(),  # /dashboard (docs/reference/dashboard.md)
         ],
         route_handlers=[*docs_routes(), *operator_routes],
-        middleware=[AllowEveryMethod(), *rate_limit_middleware(settings.ratelimit)],
+        middleware=[AllowEveryMethod(), *limits.middleware],
+        stores=limits.stores,
+        on_startup=[limits.start],
         cors_config=cors_config(settings.http),
         logging_config=logging_config(
             root={"level": logging.getLevelName(logging.INFO), "handlers": ["queue_listener"]},

@@ -7,6 +7,7 @@ then names where the value came from (the file or the variable), the key and wha
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import re
 import tomllib
@@ -333,16 +334,49 @@ class HttpSettings(_Table):
     open_operator_pages: bool = False
 
 
+RATE_STORES = ("auto", "memory", "database")
+REDIS_SCHEMES = ("redis", "rediss")
+
+
 class RateLimitSettings(_Table):
-    # Calls per minute per (API key, client address) pair, counted per server process; 0 = no limit.
+    # Calls per minute per (API key, client address) pair; 0 = no limit.
     create_per_minute: int = 60
     status_per_minute: int = 600
     # Registrations (the API's and the page's, refused ones too) per client address per hour.
     register_per_hour: int = 10
+    # Where the calls are counted: "memory" (each server process on its own), "database" (the
+    # horde's database, shared by every process and host), a redis:// or rediss:// URL (shared),
+    # or "auto": "database" on PostgreSQL, "memory" on SQLite.
+    store: str = "auto"
+    # The prefix of the limits' keys in Redis: hordes sharing one Redis server need different ones.
+    redis_namespace: str = "horde_lite"
 
     def __post_init__(self) -> None:
         if min(self.create_per_minute, self.status_per_minute, self.register_per_hour) < 0:
             raise ValueError("[ratelimit] limits must be >= 0 (0 turns a limit off)")
+        if self.store not in RATE_STORES:
+            check_redis_url(self.store)
+        if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,64}", self.redis_namespace):
+            raise ValueError("[ratelimit] redis_namespace must be 1 to 64 letters, digits or _ . : -")
+
+    @property
+    def redis_url(self) -> str | None:
+        return self.store if self.store not in RATE_STORES else None
+
+
+def check_redis_url(url: str) -> None:
+    """Refuse a `[ratelimit] store` that is neither a known store nor a Redis URL (the URL's
+    password is never repeated), or a Redis URL without the redis package."""
+    scheme, sep, rest = url.partition("://")
+    if scheme not in REDIS_SCHEMES or not sep or not rest.rpartition("@")[2].strip("/"):
+        shown = f"{scheme}://..." if sep else url[:40]  # never the rest of a URL: it may hold a password
+        raise ValueError(
+            f"[ratelimit] store must be one of {', '.join(RATE_STORES)} or a redis:// or rediss:// URL "
+            f"(redis://HOST:6379/0), not {shown!r}"
+        )
+    if importlib.util.find_spec("redis") is None:
+        raise ValueError("[ratelimit] store is a Redis URL but the redis package is missing: "
+                         "pip install 'horde-lite[redis]'")  # fmt: skip
 
 
 class AccountsSettings(_Table):

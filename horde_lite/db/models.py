@@ -657,3 +657,16 @@ class HordeModeChange(Base):
     enabled: Mapped[bool] = mapped_column(Boolean)
     changed_by: Mapped[str] = mapped_column(String(120))  # the user's name#id; "operator" for the CLI
     source: Mapped[str] = mapped_column(String(16))  # api | dashboard | cli
+
+
+class RateCount(Base):
+    """One rate limit's count for one caller in its current window (api/rate_counts.py), shared by
+    every process and host of the horde. Rows whose window has ended are purged now and then."""
+
+    __tablename__ = "rate_counts"
+
+    # The limit's name and a hash of the caller's identity (never a usable API key).
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    # When the window that began with its first call ends (the horde's clock).
+    window_end: Mapped[float] = mapped_column(Float, index=True)
+    hits: Mapped[int] = mapped_column(Integer)

@@ -22,13 +22,12 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy.engine import make_url
 
 from horde_lite.api.logfilter import RedactKeys, redact
-from horde_lite.api.ratelimit import rate_limit_middleware
+from horde_lite.api.ratelimit import RateLimits
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.core.context import Horde
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.demo.server import make_users
-from horde_lite.settings import RateLimitSettings
 from tests.conftest import is_postgres, make_settings
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import raw_request, served
@@ -152,12 +151,8 @@ async def test_rate_limits_per_key_and_address_in_each_face(db_url: str) -> None
 
 
 async def test_zero_turns_a_limit_off(db_url: str) -> None:
-    assert (
-        rate_limit_middleware(
-            RateLimitSettings(create_per_minute=0, status_per_minute=0, register_per_hour=0)
-        )
-        == []
-    )
+    off = {"create_per_minute": 0, "status_per_minute": 0, "register_per_hour": 0}
+    assert RateLimits(make_settings(db_url, ratelimit=off)).middleware == []
     settings = make_settings(db_url, ratelimit={"create_per_minute": 0, "status_per_minute": 1})
     async with app_client(create_app(settings, ManualClock(), run_sweeper=False)) as client:
         for _ in range(5):

@@ -24,7 +24,13 @@ CONTRACT: dict[str, dict[str, object]] = {
         "sweep_seconds": 5,
     },
     "speed": {"assumed_tokens_per_second": 10, "samples": 20},
-    "ratelimit": {"create_per_minute": 60, "status_per_minute": 600, "register_per_hour": 10},
+    "ratelimit": {
+        "create_per_minute": 60,
+        "status_per_minute": 600,
+        "register_per_hour": 10,
+        "store": "auto",
+        "redis_namespace": "horde_lite",
+    },
     "accounts": {"registration": "closed"},
     "worker": {"online_seconds": 300},
     "request": {"expiry_seconds": 1200, "max_length_limit": 16384},
@@ -174,6 +180,10 @@ def test_missing_named_file_is_an_error(elsewhere: Path) -> None:
         ("[lease\n", "not valid TOML"),
         ('[accounts]\nregistration = "anyone"\n', "[accounts] registration"),
         ("[ratelimit]\nregister_per_hour = -1\n", "[ratelimit] limits must be >= 0"),
+        ('[ratelimit]\nstore = "postgres"\n', "[ratelimit] store must be one of"),
+        ('[ratelimit]\nstore = "http://user:secret@cache:6379"\n', "[ratelimit] store must be one of"),
+        ('[ratelimit]\nstore = "redis://"\n', "[ratelimit] store must be one of"),
+        ('[ratelimit]\nredis_namespace = ""\n', "[ratelimit] redis_namespace"),
         ("[webhooks]\nattempts = 0\n", "[webhooks] attempts must be between 1 and 10"),
         ("[webhooks]\ntimeout_seconds = 0\n", "[webhooks] needs 0 < timeout_seconds"),
         ('[webhooks]\nallow_private = "yes"\n', "[webhooks] allow_private"),
@@ -314,3 +324,11 @@ def test_the_default_database_does_not_depend_on_the_current_directory(
 def test_the_registration_mode_is_read_from_the_environment(elsewhere: Path) -> None:
     settings = load_settings(environ={"HORDE_LITE_ACCOUNTS__REGISTRATION": "invite"})
     assert settings.accounts.registration == "invite"
+
+
+def test_a_bad_rate_limit_store_never_shows_the_url_s_password(elsewhere: Path) -> None:
+    path = _write(elsewhere, '[ratelimit]\nstore = "http://user:secret@cache:6379/0"\n')
+    with pytest.raises(SettingsError) as info:
+        load_settings(path, environ={})
+    assert "[ratelimit] store" in str(info.value)
+    assert "secret" not in str(info.value)
