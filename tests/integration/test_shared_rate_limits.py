@@ -5,6 +5,7 @@ that cannot be reached is a 503, never a 500 and never a call let through uncoun
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import socket
@@ -126,6 +127,16 @@ async def test_two_apps_on_one_database_share_one_budget(db_url: str, clock: Man
         assert again.headers["ratelimit-remaining"] == "3"
         assert (await chat(one, key)).status_code != 429
         assert (await one.http.get(missing, headers={"apikey": key})).status_code == 404
+
+
+async def test_concurrent_calls_on_two_apps_admit_exactly_the_limit(db_url: str, clock: ManualClock) -> None:
+    async with apps(db_url, clock, store="database", status_per_minute=10) as (one, two):
+        missing = f"/api/v2/generate/text/status/{uuid.uuid4()}"
+        answers = await asyncio.gather(*(client.http.get(missing) for client in (one, two) * 15))
+        statuses = sorted(a.status_code for a in answers)
+        assert statuses == [404] * 10 + [429] * 20
+        (row,) = await rows(one)
+        assert row.hits == 30  # refused calls count too: a client gains nothing by insisting
 
 
 async def test_auto_shares_on_postgresql_and_counts_per_process_on_sqlite(
@@ -271,6 +282,8 @@ async def test_an_unreachable_redis_is_a_503_on_both_faces(
         v1_face = await chat(one, ANON)
         assert v1_face.status_code == 503, v1_face.text
         assert v1_face.json()["error"]["code"] == "database_unavailable"
+        page = await one.http.post("/register", data={"username": "x"})
+        assert page.status_code == 503, page.text
         # Calls no limit counts are answered as ever.
         assert (await one.http.get("/api/v2/status/heartbeat")).status_code == 200
     logger.removeHandler(caplog.handler)
