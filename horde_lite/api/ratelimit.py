@@ -13,6 +13,7 @@ each face's 503.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import re
 import time
@@ -38,6 +39,8 @@ from horde_lite.api.rate_counts import DatabaseCounts, RedisCounts, SharedCounts
 from horde_lite.db.engine import is_sqlite
 from horde_lite.settings import Settings
 
+log = logging.getLogger("horde_lite.ratelimit")
+
 # Which calls each limit counts: (method, path pattern) pairs.
 CREATE_CALLS = (
     ("POST", re.compile(r"/api/v2/generate/text/async/?")),
@@ -46,6 +49,11 @@ CREATE_CALLS = (
 )
 STATUS_CALLS = (("GET", re.compile(r"/api/v2/generate/text/status/[^/]+/?")),)
 REGISTER_CALLS = (("POST", re.compile(r"/api/v2/register/?")), ("POST", re.compile(r"/register/?")))
+WHERE = {
+    "memory": "in each server process's memory",
+    "database": "in the database, shared by every process",
+    "redis": "in Redis, shared by every process",
+}
 # Expired windows are dropped from the memory store this often, so one-off addresses don't pile up.
 PURGE_SECONDS = 300
 
@@ -186,3 +194,5 @@ class RateLimits:
         """At the app's start-up, after the horde's: the database counts use its engine and clock."""
         if isinstance(self.counts, DatabaseCounts):
             self.counts.bind(app.state.horde)
+        if self.middleware:
+            log.info("rate limits counted %s", WHERE[self.kind])
