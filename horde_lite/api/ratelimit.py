@@ -24,13 +24,7 @@ from typing import Any, cast
 from litestar import Litestar, Request
 from litestar.connection import ASGIConnection
 from litestar.middleware.base import DefineMiddleware
-from litestar.middleware.rate_limit import (
-    DURATION_VALUES,
-    CacheObject,
-    DurationUnit,
-    RateLimitConfig,
-    RateLimitMiddleware,
-)
+from litestar.middleware.rate_limit import CacheObject, DurationUnit, RateLimitConfig, RateLimitMiddleware
 from litestar.stores.base import Store
 from litestar.stores.memory import MemoryStore
 
@@ -49,6 +43,8 @@ CREATE_CALLS = (
 )
 STATUS_CALLS = (("GET", re.compile(r"/api/v2/generate/text/status/[^/]+/?")),)
 REGISTER_CALLS = (("POST", re.compile(r"/api/v2/register/?")), ("POST", re.compile(r"/register/?")))
+# The windows' lengths, as Litestar's middleware reads its units.
+WINDOW_SECONDS: dict[DurationUnit, int] = {"second": 1, "minute": 60, "hour": 3600, "day": 86400}
 WHERE = {
     "memory": "in each server process's memory",
     "database": "in the database, shared by every process",
@@ -103,7 +99,7 @@ class SharedRateLimit(RateLimitMiddleware):
     async def retrieve_cached_history(self, key: str, store: Store) -> CacheObject:
         counts = cast(SharedLimitConfig, self.config).counts
         assert counts is not None
-        hits, left = await counts.hit(key, DURATION_VALUES[self.unit])
+        hits, left = await counts.hit(key, WINDOW_SECONDS[self.unit])
         # The middleware reads the count before this call, and the reset on its own wall clock.
         return CacheObject(history=_calls(hits - 1), reset=int(time.time()) + max(1, math.ceil(left)))
 
