@@ -17,6 +17,7 @@ from sqlalchemy import text
 
 from horde_lite.api.errors import DATABASE_RETRY_AFTER
 from horde_lite.core.errors import HordeError
+from horde_lite.db.engine import connect_to_read
 from horde_lite.rc import Rc
 
 if TYPE_CHECKING:
@@ -57,8 +58,8 @@ class SharedCounts(Protocol):
 
 
 class DatabaseCounts:
-    """Counts in the horde's `rate_counts` table, each in a short transaction of its own (on SQLite
-    in the process's turn to write), outside any request's."""
+    """Counts in the horde's `rate_counts` table outside any request's transaction: on PostgreSQL
+    one autocommitted statement, on SQLite a short transaction in the process's turn to write."""
 
     def __init__(self) -> None:
         self._horde: Horde | None = None
@@ -73,9 +74,15 @@ class DatabaseCounts:
         if horde is None:
             raise RuntimeError("DatabaseCounts used before the app started")
         now = horde.clock.now()
-        async with horde.transaction() as session:
-            hit = await session.execute(_HIT, {"key": key, "window_end": now + seconds, "now": now})
-            hits, window_end = hit.one()
+        values = {"key": key, "window_end": now + seconds, "now": now}
+        if horde.engine.dialect.name == "postgresql":
+            # One statement is atomic on its own: in autocommit it costs one round trip, not a
+            # BEGIN and a COMMIT besides.
+            async with connect_to_read(horde.engine) as conn:
+                hits, window_end = (await conn.execute(_HIT, values)).one()
+        else:  # SQLite: in the process's turn to write, as every write there
+            async with horde.transaction() as session:
+                hits, window_end = (await session.execute(_HIT, values)).one()
         if now >= self._next_purge:
             await self.purge(horde, now)
         return hits, window_end - now
