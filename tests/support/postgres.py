@@ -166,60 +166,95 @@ def _tail(path: str, lines: int = 8) -> str:
         return ""
 
 
+# Durability off: a throwaway server's data is gone when it stops anyway.
+FAST_OPTIONS = "-c fsync=off -c full_page_writes=off -c synchronous_commit=off"
+
+
+@dataclass
+class ThrowawayServer:
+    """A private PostgreSQL server: `initdb` into a fresh temp dir, then `pg_ctl` start, restart and
+    stop on a free port of 127.0.0.1 (as `postgres` when we are root). Also used by
+    bench/rehearsal.py, which restarts it under load and runs PgBouncer beside it as the same user."""
+
+    root: str
+    pg_ctl: str
+    as_user: Callable[[list[str]], list[str]]
+    port: int
+    options: str
+    started: bool = False
+
+    @property
+    def data(self) -> str:
+        return os.path.join(self.root, "data")
+
+    @property
+    def log(self) -> str:
+        return os.path.join(self.root, "server.log")
+
+    def url(self, database: str = "postgres") -> str:
+        return f"postgresql+asyncpg://postgres@127.0.0.1:{self.port}/{database}"
+
+    @classmethod
+    def create(cls, options: str = FAST_OPTIONS) -> ThrowawayServer | str:
+        """`initdb` a new cluster (not started); a string says why it could not be made."""
+        binaries = _find_binaries()
+        if binaries is None:
+            return "no initdb/pg_ctl on PATH or in /usr/lib/postgresql/*/bin to start a throwaway server"
+        initdb, pg_ctl = binaries
+        prefix = _as_user_prefix()
+        if isinstance(prefix, str):
+            return prefix
+        as_user, account = prefix
+        # /tmp keeps the socket path short (sockets are limited to ~100 bytes) and is reachable by
+        # `postgres` even when root's TMPDIR is private.
+        base = "/tmp" if os.access("/tmp", os.W_OK) else None
+        root = tempfile.mkdtemp(prefix="horde-lite-pg-", dir=base)
+        if account is not None:
+            os.chown(root, account.pw_uid, account.pw_gid)
+        server = cls(root=root, pg_ctl=pg_ctl, as_user=as_user, port=_free_port(), options=options)
+        argv = [initdb, "-D", server.data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale",
+                "--no-sync"]  # fmt: skip
+        try:
+            subprocess.run(as_user(argv), capture_output=True, text=True, check=True, timeout=120)
+        except Exception as exc:  # whatever went wrong, clean up and say why
+            shutil.rmtree(root, ignore_errors=True)
+            return f"a throwaway server failed at initdb: {str(getattr(exc, 'stderr', None) or exc).strip()}"
+        return server
+
+    def _pg_ctl(self, *argv: str, timeout: float = 90) -> None:
+        subprocess.run(self.as_user([self.pg_ctl, "-D", self.data, *argv]), capture_output=True, text=True,
+                       check=True, timeout=timeout)  # fmt: skip
+
+    def start(self) -> None:
+        self.started = True  # from here on a (half-)started server must be stopped
+        options = f"-p {self.port} -h 127.0.0.1 -k {self.root} {self.options}"
+        self._pg_ctl("-l", self.log, "-o", options, "-w", "-t", "60", "start")
+
+    def restart(self) -> None:
+        """A fast restart (`-m fast`: sessions are disconnected, open transactions rolled back)."""
+        self._pg_ctl("-m", "fast", "-w", "-t", "60", "restart")
+
+    def stop(self) -> None:
+        """Stop the server (if started) and remove its directory; safe to call more than once."""
+        if self.started:
+            self.started = False
+            argv = [self.pg_ctl, "-D", self.data, "-m", "fast", "-w", "-t", "30", "stop"]
+            subprocess.run(self.as_user(argv), capture_output=True, check=False, timeout=60)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 def _start_throwaway() -> PostgresTarget | str:
     """Start a private server; the PostgresTarget on success, else a string saying why not."""
-    binaries = _find_binaries()
-    if binaries is None:
-        return "no initdb/pg_ctl on PATH or in /usr/lib/postgresql/*/bin to start a throwaway server"
-    initdb, pg_ctl = binaries
-    prefix = _as_user_prefix()
-    if isinstance(prefix, str):
-        return prefix
-    as_user, account = prefix
-
-    # /tmp keeps the socket path short (sockets are limited to ~100 bytes) and is reachable by
-    # `postgres` even when root's TMPDIR is private.
-    base = "/tmp" if os.access("/tmp", os.W_OK) else None
-    root = tempfile.mkdtemp(prefix="horde-lite-pg-", dir=base)
-    data, log = os.path.join(root, "data"), os.path.join(root, "server.log")
-    if account is not None:
-        os.chown(root, account.pw_uid, account.pw_gid)
-    port = _free_port()
-    started = False
-
-    def stop() -> None:
-        nonlocal started
-        if started:
-            started = False
-            subprocess.run(
-                as_user([pg_ctl, "-D", data, "-m", "fast", "-w", "-t", "30", "stop"]),
-                capture_output=True,
-                check=False,
-                timeout=60,
-            )
-        shutil.rmtree(root, ignore_errors=True)
-
+    server = ThrowawayServer.create()
+    if isinstance(server, str):
+        return server
     try:
-        step = "initdb"
-        argv = [initdb, "-D", data, "-U", "postgres", "-A", "trust", "-E", "UTF8", "--no-locale", "--no-sync"]
-        subprocess.run(as_user(argv), capture_output=True, text=True, check=True, timeout=120)
         step = "pg_ctl start"
-        options = (
-            f"-p {port} -h 127.0.0.1 -k {root} -c fsync=off -c full_page_writes=off -c synchronous_commit=off"
-        )
-        started = True  # from here on a (half-)started server must be stopped on failure
-        subprocess.run(
-            as_user([pg_ctl, "-D", data, "-l", log, "-o", options, "-w", "-t", "60", "start"]),
-            capture_output=True,
-            text=True,
-            check=True,
-            timeout=90,
-        )
+        server.start()
         step = "CREATE DATABASE test"
-        admin = make_url(f"postgresql+asyncpg://postgres@127.0.0.1:{port}/postgres")
 
         async def create_test_db() -> None:
-            conn = await asyncpg.connect(**_connect_kwargs(admin))
+            conn = await asyncpg.connect(**_connect_kwargs(make_url(server.url())))
             try:
                 await conn.execute("CREATE DATABASE test")
             finally:
@@ -228,16 +263,19 @@ def _start_throwaway() -> PostgresTarget | str:
         _run_coro(create_test_db)
     except Exception as exc:  # whatever went wrong, clean up and say why
         # pg_ctl says little on stderr; the server log says why it did not start.
-        detail = " | ".join(filter(None, [str(getattr(exc, "stderr", None) or exc).strip(), _tail(log)]))
-        stop()
+        detail = " | ".join(
+            filter(None, [str(getattr(exc, "stderr", None) or exc).strip(), _tail(server.log)])
+        )
+        server.stop()
         return f"a throwaway server failed at {step}: {detail}"
 
-    atexit.register(stop)  # a safety net if the caller forgets; stop() is idempotent
-    url = f"postgresql+asyncpg://postgres@127.0.0.1:{port}/test"
+    atexit.register(server.stop)  # a safety net if the caller forgets; stop() is idempotent
+    url = server.url("test")
     return PostgresTarget(
         url=url,
-        reason=f"started a throwaway PostgreSQL ({os.path.dirname(initdb)}) at {url}, data in {root}",
-        stop=stop,
+        reason=f"started a throwaway PostgreSQL ({os.path.dirname(server.pg_ctl)}) at {url}, "
+        f"data in {server.root}",
+        stop=server.stop,
     )
 
 
