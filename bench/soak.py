@@ -116,6 +116,17 @@ async def unsettled(engine: AsyncEngine) -> tuple[int, int]:
     return int(waiting or 0), int(running or 0)
 
 
+async def drain(engine: AsyncEngine, until: float) -> float | None:
+    """Wait until no request waits and no job runs; the monotonic time it settled (None: not by
+    `until`)."""
+    while time.monotonic() < until:
+        waiting, running = await unsettled(engine)
+        if not waiting and not running:
+            return time.monotonic()
+        await asyncio.sleep(1)
+    return None
+
+
 async def chaos(
     cluster: Cluster, servers: list[Server], db_url: str, start: float, duration: float, log: list[str]
 ) -> None:
@@ -183,13 +194,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
         chaos_task = asyncio.create_task(chaos(cluster, servers, db_url, start, duration, chaos_log))
         await asyncio.gather(*client_tasks, chaos_task)
         # The drain: no new requests; workers keep taking jobs honestly; lapses and expiries run out.
-        settled_at = None
-        while time.monotonic() < drain_end:
-            waiting, running = await unsettled(engine)
-            if not waiting and not running:
-                settled_at = time.monotonic()
-                break
-            await asyncio.sleep(1)
+        settled_at = await drain(engine, drain_end)
         for task in worker_tasks:
             task.cancel()
         await asyncio.gather(*worker_tasks, return_exceptions=True)
@@ -209,23 +214,10 @@ def print_report(
     args: argparse.Namespace, db_url: str, servers: list[Server], tally: Tally, chaos_log: list[str],
     report: Report, duration: float, drained_in: float, settled: bool,
 ) -> int:  # fmt: skip
-    deadlocks = [line for s in servers for line in s.log_lines("deadlock detected")]
-    tracebacks = sum(len(s.log_lines("Traceback")) for s in servers)
-    f = report.figures
     kills = sum(1 for line in chaos_log if "SIGKILL" in line)
     restarts = sum(1 for line in chaos_log if "restarted" in line)
     terms = sum(1 for line in chaos_log if "pg_terminate" in line)
-    failures: list[str] = list(report.violations)
-    for label in dict.fromkeys(label for label, _ in tally.problems):
-        details = [d for lb, d in tally.problems if lb == label]
-        failures += [f"{label}: {d}" for d in details[:10]]
-        if len(details) > 10:
-            failures.append(f"{label}: ... and {len(details) - 10} more")
-    failures += [f"no deadlock: {line[:300]}" for line in deadlocks[:10]]
-    failures += [f"no job handed out twice: generation {g} popped twice" for g in tally.handed_twice[:10]]
-    failures += [f"no generation submitted twice: {g} accepted twice" for g in tally.accepted_twice[:10]]
-    if not settled:
-        failures.append(f"every request final after the drain: still unsettled after {DRAIN_LIMIT:.0f} s")
+    failures = collect_failures(tally, report, servers, settled, DRAIN_LIMIT)
     if restarts != kills:
         failures.append(f"kills survived: {kills} kills, {restarts} restarts")
 
@@ -235,6 +227,35 @@ def print_report(
           f"{args.workers} workers, {args.clients} clients =====")  # fmt: skip
     for line in chaos_log:
         print(f"  {line}")
+    print_traffic(tally, report, servers)
+    print(f"kills survived        {restarts} of {kills} SIGKILLs; {terms} pg_terminate_backend rounds")
+    print(f"drain                 {'settled' if settled else 'NOT settled'} in {drained_in:.1f} s")
+    print_database(report)
+    return print_verdict(failures)
+
+
+def collect_failures(
+    tally: Tally, report: Report, servers: list[Server], settled: bool, drain_limit: float
+) -> list[str]:
+    """The invariants that failed: the database's (`report`), the load's and the servers' logs'."""
+    failures: list[str] = list(report.violations)
+    for label in dict.fromkeys(label for label, _ in tally.problems):
+        details = [d for lb, d in tally.problems if lb == label]
+        failures += [f"{label}: {d}" for d in details[:10]]
+        if len(details) > 10:
+            failures.append(f"{label}: ... and {len(details) - 10} more")
+    deadlocks = [line for s in servers for line in s.log_lines("deadlock detected")]
+    failures += [f"no deadlock: {line[:300]}" for line in deadlocks[:10]]
+    failures += [f"no job handed out twice: generation {g} popped twice" for g in tally.handed_twice[:10]]
+    failures += [f"no generation submitted twice: {g} accepted twice" for g in tally.accepted_twice[:10]]
+    if not settled:
+        failures.append(f"every request final after the drain: still unsettled after {drain_limit:.0f} s")
+    return failures
+
+
+def print_traffic(tally: Tally, report: Report, servers: list[Server]) -> None:
+    """What the load did and saw: requests, jobs, kudos, HTTP answers by kind, the servers' logs."""
+    f = report.figures
     created = sum(tally.created.values()) - tally.created["refused"]
     print(f"requests created      {created}  ({_counts(tally.created)})")
     print(f"client outcomes       {_counts(tally.outcomes)}")
@@ -244,27 +265,35 @@ def print_report(
     print(f"kudos moved           {f['kudos rewarded']:.2f} earned by workers, "
           f"{f['kudos charged']:.2f} paid by requesters, "
           f"{f['kudos burned']:.0f} burned (+1 per job)")  # fmt: skip
-    print(f"kills survived        {restarts} of {kills} SIGKILLs; {terms} pg_terminate_backend rounds")
     calls = sum(tally.calls.values())
     print(
         f"HTTP calls            {calls}  ({', '.join(f'{k}: {v}' for k, v in sorted(tally.calls.items()))})"
     )
     print(
         f"  no answer (killed process in flight): {tally.killed_inflight}; "
-        f"refused while down: {tally.refused_down}"
+        f"refused while down: {tally.refused_down}; the proxy's 5xx for a killed process: {tally.proxy_fault}"
     )
     print(f"  503 DatabaseUnavailable right after a fault: {tally.fault_503}; documented 5xx (no worker, "
           f"timeout, worker failed): {tally.domain_5xx}")  # fmt: skip
     print(f"  unexplained 5xx, no answer or inconsistent status: {len(tally.problems)}")
     print("  refusals: " + ", ".join(f"{k} x{v}" for k, v in tally.rcs.most_common(12)))
-    print(f"deadlocks in logs     {len(deadlocks)}   (tracebacks in logs: {tracebacks})")
-    print(f"drain                 {'settled' if settled else 'NOT settled'} in {drained_in:.1f} s")
+    deadlocks = sum(len(s.log_lines("deadlock detected")) for s in servers)
+    tracebacks = sum(len(s.log_lines("Traceback")) for s in servers)
+    print(f"deadlocks in logs     {deadlocks}   (tracebacks in logs: {tracebacks})")
+
+
+def print_database(report: Report) -> None:
+    f = report.figures
     print(
         "database after drain  "
         + ", ".join(
             f"{k}: {v:g}" for k, v in f.items() if k.startswith(("requests", "generations", "active"))
         )
     )
+
+
+def print_verdict(failures: list[str]) -> int:
+    """The failures, or the invariants that held; the exit code (1: something failed)."""
     if failures:
         print(f"\nINVARIANTS FAILED ({len(failures)}):")
         for line in failures:

@@ -18,11 +18,9 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
-
-from bench.soak_servers import Server
 
 SMALL, BIG = "soak/Small-8B", "soak/Big-13B"
 MODELS = [SMALL, BIG]
@@ -35,6 +33,8 @@ CHAT_BLOCK = {
 # 5xx answers that are documented outcomes, not failures (docs/reference/chat_requests.md, "Errors").
 DOMAIN_5XX = {"NoEligibleWorker", "QueueTimeout", "no_eligible_worker", "queue_timeout", "worker_failed"}
 RETRYABLE_5XX = {"DatabaseUnavailable", "database_unavailable"}
+# What a proxy answers for a call whose server died under it (bad gateway, none left, timed out).
+PROXY_5XX = {502, 503, 504}
 # A retryable 503 within this many seconds of a fault we caused is that fault's doing.
 FAULT_WINDOW = 15.0
 CALL_TIMEOUT = 30.0
@@ -51,6 +51,7 @@ class Tally:
     calls: Counter[str] = field(default_factory=Counter)  # status class -> count
     rcs: Counter[str] = field(default_factory=Counter)  # "<status> <rc>" -> count
     killed_inflight: int = 0  # transport errors of calls to a process we SIGKILLed under them
+    proxy_fault: int = 0  # a proxy's own 502/503/504 (no JSON body) within FAULT_WINDOW of a fault
     refused_down: int = 0  # calls that reached a port while its process was down
     fault_503: int = 0  # DatabaseUnavailable within FAULT_WINDOW of a fault we caused
     domain_5xx: int = 0
@@ -66,10 +67,22 @@ class Tally:
     lapsed_on_purpose: int = 0
 
 
-class Cluster:
-    """Client-side round robin over the live servers, with the classification of every answer."""
+class Endpoint(Protocol):
+    """Where calls go: a server process (bench/soak_servers.py `Server`), or a proxy in front of
+    several (bench/rehearsal.py), whose `killed_at` is the last kill of a process behind it."""
 
-    def __init__(self, servers: list[Server], tally: Tally) -> None:
+    @property
+    def base_url(self) -> str: ...
+
+    up: bool
+    incarnation: int
+    killed_at: float
+
+
+class Cluster:
+    """Client-side round robin over the live endpoints, with the classification of every answer."""
+
+    def __init__(self, servers: list[Endpoint], tally: Tally) -> None:
         self.servers = servers
         self.tally = tally
         self.turn = itertools.count()
@@ -81,7 +94,7 @@ class Cluster:
         self.seen_gens: set[str] = set()
         self.accepted_gens: set[str] = set()
 
-    def pick(self) -> Server:
+    def pick(self) -> Endpoint:
         live = [s for s in self.servers if s.up] or self.servers
         return live[next(self.turn) % len(live)]
 
@@ -106,7 +119,7 @@ class Cluster:
         self.classify(method, path, response)
         return response
 
-    def transport_error(self, server: Server, incarnation: int, was_up: bool, what: str) -> None:
+    def transport_error(self, server: Endpoint, incarnation: int, was_up: bool, what: str) -> None:
         # A pooled connection opened to the process before it was killed fails on first use after.
         recently_killed = time.monotonic() - server.killed_at < FAULT_WINDOW
         if server.incarnation != incarnation or recently_killed:
@@ -128,6 +141,8 @@ class Cluster:
             return
         if rc in DOMAIN_5XX:
             self.tally.domain_5xx += 1
+        elif rc == "?" and status in PROXY_5XX and self.near_fault():
+            self.tally.proxy_fault += 1  # the app answers JSON: this is the proxy's, for a killed process
         elif rc in RETRYABLE_5XX and self.near_fault():
             self.tally.fault_503 += 1
         else:
@@ -155,6 +170,8 @@ class WorkerSpec:
     name: str
     key: str
     kind: str  # text | chat | streamer | faulty | lapser | batcher | hostile
+    # A waiting pop's bound (the pop body's `wait_seconds`); 0: poll, sleeping between empty pops.
+    wait_seconds: int = 0
 
 
 # A hostile worker: absurd model sizes first (a request naming no model is served under the first),
@@ -176,14 +193,17 @@ async def run_worker(cluster: Cluster, spec: WorkerSpec, stop: float, honest_aft
         amount = rng.randint(2, 3) if spec.kind == "batcher" else 1
         name = spec.name if spec.kind != "hostile" else f"{spec.name}-{rng.randrange(HOSTILE_NAMES)}"
         body = {"name": name, "amount": amount, "bridge_agent": "soak:1:bench", **declarations}
-        response = await cluster.call("POST", "/api/v2/generate/text/pop", spec.key, body)
+        if spec.wait_seconds:
+            body["wait_seconds"] = spec.wait_seconds
+        limit = CALL_TIMEOUT + spec.wait_seconds
+        response = await cluster.call("POST", "/api/v2/generate/text/pop", spec.key, body, limit)
         if response is None or response.status_code != 200:
             await asyncio.sleep(0.5)
             continue
         job = response.json()
         ids = job.get("ids") or []
         if not ids:
-            await asyncio.sleep(rng.uniform(0.2, 0.6))
+            await asyncio.sleep(rng.uniform(0.0, 0.1) if spec.wait_seconds else rng.uniform(0.2, 0.6))
             continue
         for gen_id in ids:
             cluster.tally.popped += 1
@@ -237,11 +257,11 @@ async def _work_one(
             "finish_reason": "stop",
             "usage": {"completion_tokens": tokens, "prompt_tokens": 10},
         }
-    # A submit whose answer was lost (the process died under it) is retried once: the retry is
-    # accepted, or refused as already submitted / lapsed, never paid twice.
+    # A submit whose answer was lost (the process died under it; behind a proxy, the proxy's 5xx) is
+    # retried once: the retry is accepted, or refused as already submitted / lapsed, never paid twice.
     for _attempt in range(2):
         response = await cluster.call("POST", "/api/v2/generate/text/submit", spec.key, body)
-        if response is None:
+        if response is None or (response.status_code in PROXY_5XX and _rc_of(response) == "?"):
             continue
         if response.status_code == 200:
             cluster.tally.submitted["faulted" if faulted else "ok"] += 1
@@ -251,6 +271,19 @@ async def _work_one(
         else:
             cluster.tally.submitted[f"refused {_rc_of(response)}"] += 1
         return
+
+
+async def waiting_pops(http: httpx.AsyncClient, base_url: str, key: str, name: str) -> bool:
+    """Whether the server makes a pop wait: a pop with `wait_seconds` is answered with its echo
+    (a server without waiting pops ignores the unknown field). Call it on an empty queue: the
+    probing worker `name` takes nothing."""
+    body = {"name": name, "models": ["probe/none"], "wait_seconds": 1, "bridge_agent": "probe:1:bench"}
+    try:
+        response = await http.post(f"{base_url}/api/v2/generate/text/pop", json=body,
+                                   headers={"apikey": key}, timeout=CALL_TIMEOUT)  # fmt: skip
+    except httpx.TransportError:
+        return False
+    return response.status_code == 200 and "wait_seconds" in response.json()
 
 
 # --- clients -----------------------------------------------------------------------------------------

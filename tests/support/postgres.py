@@ -225,14 +225,17 @@ class ThrowawayServer:
         subprocess.run(self.as_user([self.pg_ctl, "-D", self.data, *argv]), capture_output=True, text=True,
                        check=True, timeout=timeout)  # fmt: skip
 
+    def _start_options(self) -> list[str]:
+        # The log file too: without it the server would write to (and hold open) our pipes.
+        return ["-l", self.log, "-o", f"-p {self.port} -h 127.0.0.1 -k {self.root} {self.options}"]
+
     def start(self) -> None:
         self.started = True  # from here on a (half-)started server must be stopped
-        options = f"-p {self.port} -h 127.0.0.1 -k {self.root} {self.options}"
-        self._pg_ctl("-l", self.log, "-o", options, "-w", "-t", "60", "start")
+        self._pg_ctl(*self._start_options(), "-w", "-t", "60", "start")
 
     def restart(self) -> None:
         """A fast restart (`-m fast`: sessions are disconnected, open transactions rolled back)."""
-        self._pg_ctl("-m", "fast", "-w", "-t", "60", "restart")
+        self._pg_ctl(*self._start_options(), "-m", "fast", "-w", "-t", "60", "restart")
 
     def stop(self) -> None:
         """Stop the server (if started) and remove its directory; safe to call more than once."""
