@@ -55,11 +55,21 @@ class CycleResult:
     errors_seen: list[str] = field(default_factory=list)
 
 
-def _cpu_seconds(pgids: set[int]) -> tuple[float, float]:
-    """User + system CPU of every process in these process groups, and of every process named
-    `postgres` and its ended children (a local PostgreSQL server's; Linux /proc)."""
+@dataclass(frozen=True)
+class ProcCpu:
+    """One process's CPU so far, from /proc/<pid>/stat (Linux), in seconds."""
+
+    pid: int
+    name: str
+    pgrp: int
+    used: float  # user + system (fields 14, 15)
+    children: float  # of its children that ended and were waited for (fields 16, 17)
+
+
+def proc_cpu() -> list[ProcCpu]:
+    """Every process's CPU so far."""
     tick = os.sysconf("SC_CLK_TCK")
-    grouped = postgres = 0.0
+    out: list[ProcCpu] = []
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -69,13 +79,22 @@ def _cpu_seconds(pgids: set[int]) -> tuple[float, float]:
             continue
         name = stat[stat.index("(") + 1 : stat.rindex(")")]
         parts = stat[stat.rindex(")") + 2 :].split()
-        used = (int(parts[11]) + int(parts[12])) / tick  # fields 14, 15: utime, stime
-        if int(parts[2]) in pgids:  # field 5: pgrp
-            grouped += used
-        elif name == "postgres":
-            # Fields 16, 17: the CPU of its children that ended (the postmaster's, of the backends
-            # a pool closed during the window, whose own entries are gone).
-            postgres += used + (int(parts[13]) + int(parts[14])) / tick
+        used = (int(parts[11]) + int(parts[12])) / tick
+        out.append(ProcCpu(int(entry), name, int(parts[2]), used, (int(parts[13]) + int(parts[14])) / tick))
+    return out
+
+
+def _cpu_seconds(pgids: set[int]) -> tuple[float, float]:
+    """User + system CPU of every process in these process groups, and of every process named
+    `postgres` and its ended children (a local PostgreSQL server's; Linux /proc)."""
+    grouped = postgres = 0.0
+    for p in proc_cpu():
+        if p.pgrp in pgids:
+            grouped += p.used
+        elif p.name == "postgres":
+            # With the CPU of its children that ended (the postmaster's, of the backends a pool
+            # closed during the window, whose own entries are gone).
+            postgres += p.used + p.children
     return grouped, postgres
 
 
