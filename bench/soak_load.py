@@ -274,16 +274,17 @@ async def _work_one(
 
 
 async def waiting_pops(http: httpx.AsyncClient, base_url: str, key: str, name: str) -> bool:
-    """Whether the server makes a pop wait: a pop with `wait_seconds` is answered with its echo
-    (a server without waiting pops ignores the unknown field). Call it on an empty queue: the
-    probing worker `name` takes nothing."""
+    """Whether the server makes a pop wait: a pop with `wait_seconds` is answered with the wait
+    applied (a server without waiting pops ignores the field and echoes nothing). Call it on an
+    empty queue: the probing worker `name` takes nothing."""
     body = {"name": name, "models": ["probe/none"], "wait_seconds": 1, "bridge_agent": "probe:1:bench"}
     try:
         response = await http.post(f"{base_url}/api/v2/generate/text/pop", json=body,
                                    headers={"apikey": key}, timeout=CALL_TIMEOUT)  # fmt: skip
     except httpx.TransportError:
         return False
-    return response.status_code == 200 and "wait_seconds" in response.json()
+    # The echo is the wait applied: 0 when the horde does not make pops wait.
+    return response.status_code == 200 and bool(response.json().get("wait_seconds"))
 
 
 # --- clients -----------------------------------------------------------------------------------------
