@@ -87,6 +87,8 @@ class PgBouncer:
             "pool_mode = transaction",
             "max_client_conn = 1000",
             f"default_pool_size = {self.pool_size}",
+            # After a failed login (the server restarting) try again in a second, not the default 15.
+            "server_login_retry = 1",
             # asyncpg sends these at connect; the server runs with jit = off for everyone instead.
             "ignore_startup_parameters = extra_float_digits,jit",
             f"logfile = {d / 'pgbouncer.log'}",
