@@ -8,7 +8,8 @@ from a request's creation to its first pop, for each variant side by side.
     .venv/bin/python -m bench.fleet --workers 2000 --seconds 30 --polling
 
 The database (`hl_fleet` on --pg-url's server, loopback only) is created and dropped by the bench.
-One asyncio process drives every worker over httpx keep-alive connections. bench/README.md
+One asyncio process drives every worker, each on a keep-alive connection of its own
+(bench/raw_http.py). bench/README.md
 describes the measurement.
 """
 
@@ -32,9 +33,10 @@ from sqlalchemy.engine import make_url
 
 from bench.admission import pct
 from bench.perf_cycles import proc_cpu
+from bench.raw_http import RawConnection
 from bench.soak import set_up_users
 from bench.soak_load import waiting_pops
-from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, server_env
+from bench.soak_servers import LIMITS_OFF, LOOPBACK, Server, free_port, fresh_postgres, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
 
@@ -47,7 +49,7 @@ POLL_JITTER = 0.5
 WAIT_SECONDS = 20  # a waiting pop's bound
 CREATE_EVERY = (2.0, 4.0)  # seconds between two of the client's requests
 WARM_UP = 10.0  # every worker has popped (registered) before the window opens
-CALL_TIMEOUT = 60.0
+CALL_TIMEOUT = 30.0
 MARK = "fleet probe "
 
 
@@ -99,24 +101,24 @@ def _pop_body(i: int, wait: int) -> dict[str, Any]:
     return body
 
 
-async def worker(http: httpx.AsyncClient, base: str, key: str, i: int, wait: int, stop: float, w: Window,
+async def worker(conn: RawConnection, key: str, i: int, wait: int, stop: float, w: Window,
                  rng: random.Random) -> None:  # fmt: skip
     body = _pop_body(i, wait)
+    auth = {"apikey": key}
     await asyncio.sleep(rng.uniform(0, POLL_SECONDS))  # the fleet does not start in step
     while time.monotonic() < stop:
         began = time.monotonic()
         try:
-            r = await http.post(f"{base}/api/v2/generate/text/pop", json=body, headers={"apikey": key})
-        except httpx.TransportError as e:
+            status, job = await conn.request("POST", "/api/v2/generate/text/pop", body, auth)
+        except (OSError, asyncio.IncompleteReadError) as e:
             w.error(type(e).__name__)
             await asyncio.sleep(1)
             continue
         answered = time.monotonic()
-        if r.status_code != 200:
-            w.error(f"pop {r.status_code}")
+        if status != 200 or not isinstance(job, dict):
+            w.error(f"pop {status}")
             await asyncio.sleep(1)
             continue
-        job = r.json()
         counted = w.inside(answered)
         elapsed = (answered - began) * 1000
         if counted:
@@ -132,19 +134,18 @@ async def worker(http: httpx.AsyncClient, base: str, key: str, i: int, wait: int
             if counted:
                 w.latency.append(elapsed)
             submit = {"id": job["id"], "generation": "done", "state": "ok"}
-            s = await http.post(f"{base}/api/v2/generate/text/submit", json=submit, headers={"apikey": key})
-            if s.status_code != 200:
-                w.error(f"submit {s.status_code}")
+            status, _ = await conn.request("POST", "/api/v2/generate/text/submit", submit, auth)
+            if status != 200:
+                w.error(f"submit {status}")
         elif counted:
             (w.waited if wait else w.latency).append(elapsed)
         if not wait:
             await asyncio.sleep(max(0.0, rng.uniform(POLL_SECONDS - POLL_JITTER, POLL_SECONDS + POLL_JITTER)
                                          - (time.monotonic() - began)))  # fmt: skip
+    conn.close()
 
 
-async def client(
-    http: httpx.AsyncClient, base: str, key: str, stop: float, w: Window, rng: random.Random
-) -> None:
+async def client(conn: RawConnection, key: str, stop: float, w: Window, rng: random.Random) -> None:
     """A request every few seconds inside the window; its mark in the prompt tells the worker that
     gets it which one it is (time from the creation call's start: an upper bound)."""
     mark = 0
@@ -153,11 +154,12 @@ async def client(
         mark += 1
         body = {"prompt": f"{MARK}{mark}", "models": [MODEL], "params": {"n": 1, "max_length": 16}}
         w.created[mark] = time.monotonic()
-        r = await http.post(f"{base}/api/v2/generate/text/async", json=body, headers={"apikey": key})
-        if r.status_code != 202:
-            w.error(f"create {r.status_code}")
+        status, _ = await conn.request("POST", "/api/v2/generate/text/async", body, {"apikey": key})
+        if status != 202:
+            w.error(f"create {status}")
             del w.created[mark]
         await asyncio.sleep(rng.uniform(*CREATE_EVERY))
+    conn.close()
 
 
 async def backend_pids(admin: asyncpg.Connection) -> set[int]:
@@ -183,9 +185,7 @@ async def run_variant(variant: str, args: argparse.Namespace, work: Path) -> Row
     parsed = make_url(args.pg_url)
     admin = await asyncpg.connect(host=parsed.host, port=parsed.port or 5432, user=parsed.username,
                                   password=parsed.password, database="postgres")  # fmt: skip
-    limits = httpx.Limits(max_connections=args.workers + 16, max_keepalive_connections=args.workers + 16,
-                          keepalive_expiry=4.0)  # fmt: skip
-    http = httpx.AsyncClient(limits=limits, timeout=CALL_TIMEOUT + WAIT_SECONDS)
+    http = httpx.AsyncClient(timeout=CALL_TIMEOUT)  # the probe for waiting pops
     try:
         await server.start()
         wait = 0
@@ -201,10 +201,12 @@ async def run_variant(variant: str, args: argparse.Namespace, work: Path) -> Row
         w.end = w.start + args.seconds
         # After the window: the pops still waiting are answered, the last request is taken.
         stop = w.end + (WAIT_SECONDS if wait else POLL_SECONDS + POLL_JITTER + 1)
-        tasks = [asyncio.create_task(worker(http, server.base_url, keys["owners"][i % OWNERS], i, wait, stop,
-                                            w, random.Random(rng.random())))
+        owners = keys["owners"]
+        tasks = [asyncio.create_task(worker(RawConnection(LOOPBACK, server.port), owners[i % OWNERS], i, wait,
+                                            stop, w, random.Random(rng.random())))
                  for i in range(args.workers)]  # fmt: skip
-        tasks.append(asyncio.create_task(client(http, server.base_url, keys["registered"][0], w.end, w, rng)))
+        tasks.append(asyncio.create_task(client(RawConnection(LOOPBACK, server.port), keys["registered"][0],
+                                                w.end, w, rng)))  # fmt: skip
         assert server.process is not None
         await asyncio.sleep(max(0.0, w.start - time.monotonic()))
         pids0 = await backend_pids(admin)
