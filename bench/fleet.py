@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+import os
 import random
 import resource
 import sys
@@ -91,6 +92,7 @@ class Row:
     first_pop: tuple[float, float] | None = None
     requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)
+    load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average at the window's start, end
 
 
 def _pop_body(i: int, wait: int) -> dict[str, Any]:
@@ -116,7 +118,7 @@ async def worker(conn: RawConnection, key: str, i: int, wait: int, stop: float, 
             continue
         answered = time.monotonic()
         if status != 200 or not isinstance(job, dict):
-            w.error(f"pop {status}")
+            w.error(f"pop {status} {job.get('rc') if isinstance(job, dict) else ''}".strip())
             await asyncio.sleep(1)
             continue
         counted = w.inside(answered)
@@ -210,9 +212,11 @@ async def run_variant(variant: str, args: argparse.Namespace, work: Path) -> Row
         assert server.process is not None
         await asyncio.sleep(max(0.0, w.start - time.monotonic()))
         pids0 = await backend_pids(admin)
+        load0 = os.getloadavg()[0]
         (server0, pg0), client0 = cpu_of(pids0, server.process.pid), time.process_time()
         await asyncio.sleep(max(0.0, w.end - time.monotonic()))
         pids1 = await backend_pids(admin)
+        row.load = (load0, os.getloadavg()[0])
         (server1, pg1), client1 = cpu_of(pids0 | pids1, server.process.pid), time.process_time()
         await asyncio.gather(*tasks)
     finally:
@@ -268,6 +272,7 @@ def print_table(rows: list[Row]) -> None:
         (f"waiting pop beyond its {WAIT_SECONDS} s, p50 / p99 ms", lambda r: _pair(r.waited_overhead)),
         ("created to first pop p50 / p99 ms", lambda r: _pair(r.first_pop)),
         ("requests created", lambda r: str(r.requests)),
+        ("load average (1 min), start / end", lambda r: f"{r.load[0]:.1f} / {r.load[1]:.1f}"),
         ("errors", lambda r: ", ".join(f"{k}: {v}" for k, v in r.errors.items()) or "none"),
     ]
     print("| | " + " | ".join(r.variant for r in rows) + " |")
