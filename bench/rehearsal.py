@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import random
 import shutil
 import subprocess
@@ -29,14 +30,14 @@ import asyncpg
 import httpx
 import msgspec
 
-from bench.rehearsal_stack import SERVED_BY, PgBouncer, Proxy
+from bench.rehearsal_stack import HAPROXY, PGBOUNCER, SERVED_BY, PgBouncer, Proxy
 from bench.soak import (
     EXPIRY,
     OVERRIDES,
     WORKER_KINDS,
-    _owner_of,
     collect_failures,
     drain,
+    owner_of,
     print_database,
     print_traffic,
     print_verdict,
@@ -209,6 +210,9 @@ async def chaos(
 
 
 async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
+    for binary, package in ((PGBOUNCER, "pgbouncer"), (HAPROXY, "haproxy")):
+        if not os.access(binary, os.X_OK):
+            raise SystemExit(f"rehearsal: needs {binary} (Debian: apt-get install {package})")
     notes: list[str] = []
     pg = ThrowawayServer.create(PG_OPTIONS)
     if isinstance(pg, str):
@@ -270,7 +274,7 @@ async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
         workers = [
             WorkerSpec(
                 f"rehearsal-worker-{i:02d}",
-                _owner_of(keys["owners"], i),
+                owner_of(keys["owners"], i),
                 WORKER_KINDS[i % len(WORKER_KINDS)],
                 wait,
             )

@@ -67,7 +67,7 @@ WORKER_KINDS = ("text", "text", "chat", "chat", "streamer", "faulty", "lapser", 
 FAILING_KINDS = ("faulty", "lapser", "hostile")
 
 
-def _owner_of(owners: list[str], i: int) -> str:
+def owner_of(owners: list[str], i: int) -> str:
     """Honest workers share most owners; the failing kinds have two owners of their own, which the
     per-owner failure rule puts in maintenance without touching the honest ones."""
     if WORKER_KINDS[i % len(WORKER_KINDS)] in FAILING_KINDS:
@@ -176,7 +176,7 @@ async def soak(args: argparse.Namespace, workdir: Path) -> int:
         waits = {"poll": (0.5, 1.5), "v1": 20 + 30.0}
         workers = [
             WorkerSpec(
-                f"soak-worker-{i:02d}", _owner_of(keys["owners"], i), WORKER_KINDS[i % len(WORKER_KINDS)]
+                f"soak-worker-{i:02d}", owner_of(keys["owners"], i), WORKER_KINDS[i % len(WORKER_KINDS)]
             )
             for i in range(args.workers)
         ]
