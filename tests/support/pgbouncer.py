@@ -55,6 +55,10 @@ class Bouncer:
     port: int
     log: Path
 
+    def pid(self) -> int:
+        """PgBouncer's own process (not runuser's)."""
+        return int((self.log.parent / "pgbouncer.pid").read_text().strip())
+
     def log_text(self) -> str:
         try:
             return self.log.read_text(errors="replace")
@@ -68,7 +72,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _ini(*, port: int, host: str, server_port: int, root: Path, ignored: tuple[str, ...]) -> str:
+def _ini(*, port: int, host: str, server_port: int, root: Path, ignored: tuple[str, ...], pool: int) -> str:
     return f"""\
 [databases]
 * = host={host} port={server_port}
@@ -80,11 +84,11 @@ unix_socket_dir =
 auth_type = trust
 auth_file = {root / "userlist.txt"}
 pool_mode = transaction
-default_pool_size = {POOL_SIZE}
+default_pool_size = {pool}
 min_pool_size = 0
 reserve_pool_size = 0
 max_client_conn = 500
-max_db_connections = {POOL_SIZE}
+max_db_connections = {pool}
 server_reset_query = DISCARD ALL
 ignore_startup_parameters = {", ".join(("extra_float_digits", *ignored))}
 logfile = {root / "pgbouncer.log"}
@@ -106,9 +110,12 @@ def _answers(port: int) -> bool:
 
 
 @contextmanager
-def start_pgbouncer(db_url: str, *, ignore_startup: tuple[str, ...] = ()) -> Iterator[Bouncer]:
+def start_pgbouncer(
+    db_url: str, *, ignore_startup: tuple[str, ...] = (), pool_size: int = POOL_SIZE
+) -> Iterator[Bouncer]:
     """PgBouncer (transaction mode) in front of `db_url`'s server; yields the URL through it.
-    `ignore_startup`: startup parameters it accepts (and drops) beyond the usual one."""
+    `ignore_startup`: startup parameters it accepts (and drops) beyond the usual one; `pool_size`:
+    its server connections."""
     binary = find_pgbouncer()
     if binary is None:
         raise FileNotFoundError("no pgbouncer binary on PATH or in /usr/sbin (apt-get install pgbouncer)")
@@ -122,7 +129,9 @@ def start_pgbouncer(db_url: str, *, ignore_startup: tuple[str, ...] = ()) -> Ite
     (root / "userlist.txt").write_text(f'"{url.username or "postgres"}" ""\n')
     ini = root / "pgbouncer.ini"
     host, server_port = url.host or "127.0.0.1", url.port or 5432
-    ini.write_text(_ini(port=port, host=host, server_port=server_port, root=root, ignored=ignore_startup))
+    ini.write_text(
+        _ini(port=port, host=host, server_port=server_port, root=root, ignored=ignore_startup, pool=pool_size)
+    )
     if account is not None:
         for path in (root, root / "userlist.txt", ini):
             os.chown(path, account.pw_uid, account.pw_gid)
