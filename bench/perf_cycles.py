@@ -12,6 +12,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -200,9 +201,11 @@ async def _measure(servers: list[Server], keys: dict[str, list[str]], workers: i
 
 
 async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[int], seconds: float,
-                     stack: str = "horde-lite") -> list[CycleResult]:  # fmt: skip
+                     stack: str = "horde-lite", route: Callable[[str], Awaitable[str]] | None = None,
+                     database: dict[str, object] | None = None) -> list[CycleResult]:  # fmt: skip
     """Fresh database, `processes` servers on it (started as `stack` says), then each worker count
-    in turn."""
+    in turn. `route`: the URL the servers reach the set-up database by (e.g. through PgBouncer);
+    `database`: their `[database]` settings."""
     most = max(worker_counts)
     with tempfile.TemporaryDirectory(prefix="hl-perf-") as tmp:
         work = Path(tmp)
@@ -219,7 +222,8 @@ async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[i
             keys = await set_up_users(engine, most, most)
         finally:
             await engine.dispose()
-        env = server_env(url, LIMITS_OFF)
+        served = url if route is None else await route(url)
+        env = server_env(served, {**LIMITS_OFF, "database": database or {}})
         servers = [Server(i, free_port(), work, env, stack=stack) for i in range(processes)]
         try:
             await asyncio.gather(*(s.start() for s in servers))

@@ -70,15 +70,15 @@ def _with_engine(work: Callable[..., Awaitable[T]]) -> T:
         fail(e)
 
     async def run() -> T:
-        engine = make_engine(url, null_pool=True)
+        engine = make_engine(url, null_pool=True, pgbouncer=settings.database.pgbouncer)
         try:
             return await work(engine, settings)
         finally:
             await engine.dispose()
 
     try:
-        if migrate.is_behind(url):
-            migrate.upgrade(url)
+        if migrate.is_behind(url, pgbouncer=settings.database.pgbouncer):
+            migrate.upgrade(url, pgbouncer=settings.database.pgbouncer)
         return asyncio.run(run())
     except HordeError as e:
         raise click.ClickException(e.message) from e
@@ -119,7 +119,8 @@ def database() -> None:
 def database_upgrade() -> None:
     from horde_lite.db import migrate
 
-    migrate.upgrade(announce_database(_settings().database.url))
+    database = _settings().database
+    migrate.upgrade(announce_database(database.url), pgbouncer=database.pgbouncer)
     click.echo(f"database at revision {', '.join(sorted(migrate.heads()))}")
 
 
@@ -497,7 +498,7 @@ def _policy_state(settings: Settings) -> tuple[dict | None, str]:  # type: ignor
         return None, "no database file yet"
 
     async def read() -> dict:  # type: ignore[type-arg]
-        engine = make_engine(settings.database.url, null_pool=True)
+        engine = make_engine(settings.database.url, null_pool=True, pgbouncer=settings.database.pgbouncer)
         try:
             async with make_sessionmaker(engine)() as session:
                 return await read_state(session)
@@ -667,11 +668,11 @@ def whatif(gate: str | None, curve: str | None, pairs: tuple[str, ...], since: s
     except ValueError as e:
         raise click.UsageError(str(e)) from e
     url = announce_database(db or settings.database.url)
-    if migrate.is_behind(url):  # a report never migrates the database it reads
+    if migrate.is_behind(url, pgbouncer=settings.database.pgbouncer):  # a report never migrates
         raise click.ClickException("the database is behind: run `horde-lite database upgrade` first")
 
     async def run() -> str:
-        engine = make_engine(url, null_pool=True)
+        engine = make_engine(url, null_pool=True, pgbouncer=settings.database.pgbouncer)
         try:
             async with make_sessionmaker(engine)() as session:
                 if gate is not None:

@@ -68,13 +68,12 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
 
     @asynccontextmanager
     async def _lifespan(self, app: Litestar) -> AsyncIterator[None]:
-        url = self.settings.database.url
-        if await migrate.current(url) not in migrate.heads():
+        database = self.settings.database
+        url, pgbouncer = database.url, database.pgbouncer
+        if await migrate.current(url, pgbouncer=pgbouncer) not in migrate.heads():
             log.info("database is behind: applying migrations")
-            await asyncio.to_thread(migrate.upgrade, url)
-        engine = make_engine(
-            url, echo=self.settings.database.echo, null_pool=self.settings.database.null_pool
-        )
+            await asyncio.to_thread(migrate.upgrade, url, pgbouncer=pgbouncer)
+        engine = make_engine(url, echo=database.echo, null_pool=database.null_pool, pgbouncer=pgbouncer)
         horde = Horde(
             settings=self.settings,
             policies=self.policies,
@@ -91,7 +90,11 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         log.info("horde-lite %s process %d: database %s; policies in force: %s",
                  __version__, os.getpid(), masked(url), in_force)  # fmt: skip
         sweeper = asyncio.create_task(self._sweep_forever(horde)) if self.run_sweeper else None
-        listener = start_listener(horde.notifier, url)  # PostgreSQL: wake-ups from other processes
+        listener = start_listener(horde.notifier, database.listener_url)  # wake-ups from other processes
+        if pgbouncer and database.listener_url is None:
+            log.warning("[database] pgbouncer without listen_url: no LISTEN connection, so waiters see "
+                        "other processes' changes within [chat] poll_seconds (%g s)",
+                        self.settings.chat.poll_seconds)  # fmt: skip
         freeze_startup_objects()  # no long full collections under load (horde_lite/heap.py)
         try:
             yield

@@ -61,27 +61,29 @@ def masked(url: str) -> str:
     return parsed.render_as_string(hide_password=True)
 
 
-def check_database_url(url: str) -> None:
-    """Refuse a URL horde_lite cannot open, saying what to write instead."""
+def check_database_url(url: str, key: str = "url") -> None:
+    """Refuse a URL horde_lite cannot open (`[database] key`), saying what to write instead."""
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise ValueError(
-            f"[database] url {masked(url)!r} is not a database URL; write sqlite+aiosqlite:///PATH "
+            f"[database] {key} {masked(url)!r} is not a database URL; write sqlite+aiosqlite:///PATH "
             "or postgresql+asyncpg://USER:PASSWORD@HOST:5432/DATABASE"
         ) from None
     scheme = parsed.drivername.partition("+")[0]
     database = SCHEMES.get(scheme)
     if database is None:
         raise ValueError(
-            f"[database] url {masked(url)}: horde_lite runs on SQLite (sqlite+aiosqlite:///PATH) "
+            f"[database] {key} {masked(url)}: horde_lite runs on SQLite (sqlite+aiosqlite:///PATH) "
             "or PostgreSQL (postgresql+asyncpg://USER:PASSWORD@HOST:5432/DATABASE)"
         )
     wanted = DRIVERS[database]
     if parsed.drivername != wanted:
         fixed = parsed.set(drivername=wanted).render_as_string(hide_password=True)
         driver = wanted.partition("+")[2]
-        raise ValueError(f"[database] url {masked(url)}: horde_lite needs the {driver} driver; write {fixed}")
+        raise ValueError(
+            f"[database] {key} {masked(url)}: horde_lite needs the {driver} driver; write {fixed}"
+        )
 
 
 class DatabaseSettings(_Table):
@@ -91,9 +93,48 @@ class DatabaseSettings(_Table):
     # No connection pool: each transaction opens its own connection (tests drive one app from two
     # event loops; a pooled asyncpg connection belongs to the loop that opened it).
     null_pool: bool = False
+    # The url reaches PostgreSQL through PgBouncer in transaction pooling mode: no statement is
+    # kept prepared across transactions and no startup parameter is sent (db/engine.py).
+    pgbouncer: bool = False
+    # A direct PostgreSQL URL (or a PgBouncer database in session mode) for each process's two
+    # long-lived connections: the LISTEN connection, which carries wake-ups between processes, and,
+    # with pgbouncer on, the reader of the queue's copy, which transactions wait on. Empty: the
+    # url; with pgbouncer on, no process listens (waiters in other processes see changes within
+    # chat.poll_seconds) and the copy reads through PgBouncer.
+    listen_url: str = ""
 
     def __post_init__(self) -> None:
         check_database_url(self.url)
+        on_sqlite = make_url(self.url).get_backend_name() == "sqlite"
+        if self.pgbouncer and on_sqlite:
+            raise ValueError("[database] pgbouncer is for a PostgreSQL url; SQLite has no PgBouncer")
+        if self.listen_url:
+            if on_sqlite:
+                raise ValueError("[database] listen_url is for a PostgreSQL url; SQLite has no LISTEN")
+            check_database_url(self.listen_url, "listen_url")
+            if make_url(self.listen_url).get_backend_name() != "postgresql":
+                raise ValueError(
+                    f"[database] listen_url {masked(self.listen_url)}: write a PostgreSQL URL "
+                    "(postgresql+asyncpg://USER:PASSWORD@HOST:5432/DATABASE)"
+                )
+
+    @property
+    def reader(self) -> tuple[str, bool]:
+        """Where the queue copy's reader connects, and whether through PgBouncer. Behind PgBouncer
+        a transaction that waits for the copy holds a server connection meanwhile: with every one
+        held so, a reader queued in PgBouncer behind them would never be served."""
+        if self.pgbouncer and self.listen_url:
+            return self.listen_url, False
+        return self.url, self.pgbouncer
+
+    @property
+    def listener_url(self) -> str | None:
+        """Where this process LISTENs for other processes' wake-ups (None: it does not)."""
+        if make_url(self.url).get_backend_name() != "postgresql":
+            return None
+        if self.listen_url:
+            return self.listen_url
+        return None if self.pgbouncer else self.url
 
 
 class LeaseSettings(_Table):

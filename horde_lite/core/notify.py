@@ -159,9 +159,11 @@ class PgListener:
                 await asyncio.shield(conn.close(timeout=2))
 
 
-def start_listener(notifier: Notifier, url: str) -> PgListener | None:
-    """Start the cross-process listener for a PostgreSQL database (None on SQLite)."""
-    if not make_url(url).get_backend_name().startswith("postgresql"):
+def start_listener(notifier: Notifier, url: str | None) -> PgListener | None:
+    """Start the cross-process listener on a PostgreSQL URL (`DatabaseSettings.listener_url`: never
+    through PgBouncer in transaction mode, which would lend the LISTEN a server connection for one
+    statement only). None on SQLite or without a URL."""
+    if url is None or not make_url(url).get_backend_name().startswith("postgresql"):
         return None
     listener = PgListener(notifier, url)
     listener.start()

@@ -78,12 +78,33 @@ def _default_directory(url: str) -> None:
         Path(make_url(url).database or "").parent.mkdir(parents=True, exist_ok=True)
 
 
+def _unnamed_statement() -> str:
+    return ""
+
+
+# Connection arguments for PostgreSQL reached through PgBouncer in transaction pooling mode, where
+# consecutive transactions of one connection may run on different server connections, each
+# shared with other clients. No named prepared statement may outlive its transaction: asyncpg's
+# statement cache is off, and SQLAlchemy's prepared statements are PostgreSQL's unnamed one, which
+# asyncpg then parses again in the same message as each execution (so a statement outside a
+# transaction never meets a server that has not parsed it), and which the next parse replaces (so
+# none pile up on the server connections). SQLAlchemy's own recipe, a unique name per statement,
+# leaves most of them prepared on the server connections until those close. No startup
+# parameters (`server_settings`): PgBouncer refuses those it does not know.
+BEHIND_PGBOUNCER: dict[str, Any] = {
+    "statement_cache_size": 0,
+    "prepared_statement_cache_size": 0,
+    "prepared_statement_name_func": _unnamed_statement,
+}
+
+
 def make_engine(
-    url: str, echo: bool = False, *, null_pool: bool = False, reader: bool = False
+    url: str, echo: bool = False, *, null_pool: bool = False, reader: bool = False, pgbouncer: bool = False
 ) -> AsyncEngine:
     """The app's engine; `reader`: one connection for a process's copy of the queue and the fleet
     (queue/mirror.py), which only reads, each statement on its own (autocommit): on SQLite it
-    must not take the write lock that the transaction waiting on it holds."""
+    must not take the write lock that the transaction waiting on it holds. `pgbouncer`: the URL
+    reaches PostgreSQL through PgBouncer in transaction mode (`BEHIND_PGBOUNCER`)."""
     kwargs: dict[str, Any] = {"echo": echo}
     _default_directory(url)
     if is_sqlite(url):
@@ -98,10 +119,14 @@ def make_engine(
         kwargs.update(pool_size=size, max_overflow=overflow)
         if not is_sqlite(url):
             kwargs["pool_pre_ping"] = True
-    if not is_sqlite(url):
+    if pgbouncer and not is_sqlite(url):
+        kwargs["connect_args"] = dict(BEHIND_PGBOUNCER)
+    elif not is_sqlite(url):
         # The eligibility subqueries make the planner's cost estimates large, which trips JIT
         # compilation (jit_above_cost) on every wait estimate: seconds of LLVM work for a query
         # that runs in milliseconds (bench/README.md). Short OLTP queries never gain from JIT.
+        # PgBouncer refuses startup parameters it does not know: behind it, the database's own
+        # setting does this (docs/reference/operators.md, "PgBouncer").
         kwargs["connect_args"] = {"server_settings": {"jit": "off"}}
     if reader:
         kwargs["isolation_level"] = "AUTOCOMMIT"
@@ -116,8 +141,9 @@ def make_engine(
 def _check_at_checkout(dbapi_connection: Any) -> bool:
     """The pool's check of a connection before use (`pool_pre_ping`), in the round trip the
     connection's user sends first anyway: a transaction's BEGIN, or `;` for a read
-    outside any transaction. SQLAlchemy's own asyncpg ping sends BEGIN, `;` and ROLLBACK, for
-    pgbouncer's transaction mode (which horde_lite's prepared statements rule out anyway). A failure
+    outside any transaction. SQLAlchemy's own asyncpg ping sends BEGIN, `;` and ROLLBACK, three
+    round trips. Behind PgBouncer the ping checks PgBouncer and whichever server connection it
+    lends for that round trip, and the transaction's BEGIN is sent through it as usual. A failure
     is raised as the adapter raises it, so the pool sees a lost connection and replaces it. The
     driver's own view is not enough: between the server's termination message and the socket's
     close asyncpg calls a connection neither closed nor usable."""

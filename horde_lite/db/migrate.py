@@ -20,9 +20,9 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "horde_lite_alembic_version"
 
 
-def _commands(url: str) -> AlembicCommands:
+def _commands(url: str, pgbouncer: bool) -> AlembicCommands:
     config = SQLAlchemyAsyncConfig(
-        engine_instance=make_engine(url),
+        engine_instance=make_engine(url, pgbouncer=pgbouncer),
         alembic_config=AlembicAsyncConfig(
             script_location=str(MIGRATIONS),
             version_table_name=VERSION_TABLE,
@@ -32,14 +32,15 @@ def _commands(url: str) -> AlembicCommands:
     return AlembicCommands(sqlalchemy_config=config)
 
 
-def upgrade(url: str, revision: str = "head") -> None:
-    """Apply migrations up to `revision`. Runs its own event loop: call it outside one."""
-    _commands(url).upgrade(revision)
+def upgrade(url: str, revision: str = "head", *, pgbouncer: bool = False) -> None:
+    """Apply migrations up to `revision`. Runs its own event loop: call it outside one. Each
+    migration runs in one transaction, so PgBouncer's transaction mode (`pgbouncer`) serves it."""
+    _commands(url, pgbouncer).upgrade(revision)
 
 
 def revision(url: str, message: str) -> None:
     """Autogenerate a new revision from the models (a developer command)."""
-    _commands(url).revision(message=message, autogenerate=True)
+    _commands(url, False).revision(message=message, autogenerate=True)
 
 
 def heads() -> set[str]:
@@ -47,11 +48,11 @@ def heads() -> set[str]:
     return set(ScriptDirectory(str(MIGRATIONS)).get_heads())
 
 
-async def current(url: str) -> str | None:
+async def current(url: str, *, pgbouncer: bool = False) -> str | None:
     """The database's applied revision, or None for a fresh database (no version table yet). Read
     by Alembic's MigrationContext outside any transaction, so on SQLite the check takes no write
     lock and waits for no writer."""
-    engine = make_engine(url, null_pool=True)
+    engine = make_engine(url, null_pool=True, pgbouncer=pgbouncer)
     try:
         async with connect_to_read(engine) as conn:
             applied = await conn.run_sync(_applied)
@@ -65,5 +66,5 @@ def _applied(connection: Connection) -> tuple[str, ...]:
     return context.get_current_heads()
 
 
-def is_behind(url: str) -> bool:
-    return asyncio.run(current(url)) not in heads()
+def is_behind(url: str, *, pgbouncer: bool = False) -> bool:
+    return asyncio.run(current(url, pgbouncer=pgbouncer)) not in heads()

@@ -440,7 +440,6 @@ class QueueMirror:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.url = settings.database.url
         self._engine: AsyncEngine | None = None
         self._conn: AsyncConnection | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # where the copy reads (the app's)
@@ -497,7 +496,9 @@ class QueueMirror:
         connection is never used across loops), or one per read under `[database] null_pool`, as
         the app's own engine does then. A failed read drops it; the next read opens another."""
         if self._engine is None:
-            self._engine = make_engine(self.url, null_pool=self.settings.database.null_pool, reader=True)
+            url, pgbouncer = self.settings.database.reader
+            null_pool = self.settings.database.null_pool
+            self._engine = make_engine(url, null_pool=null_pool, reader=True, pgbouncer=pgbouncer)
         try:
             if self.settings.database.null_pool:
                 async with self._engine.connect() as conn:

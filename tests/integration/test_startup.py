@@ -75,7 +75,7 @@ def test_an_unknown_key_in_the_settings_file(tmp_path: Path) -> None:
     message = refused(start(tmp_path, clean_env(tmp_path), *run_args(free_port())))
     assert message == (
         f"horde-lite: {tmp_path / 'litestar.toml'}: unknown key 'urll' in [database] "
-        "(its keys: url, echo, null_pool)"
+        "(its keys: url, echo, null_pool, pgbouncer, listen_url)"
     )
     assert not default_db(tmp_path).exists()
 
