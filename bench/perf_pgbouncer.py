@@ -40,9 +40,7 @@ async def _set_jit(url: str, jit: bool) -> None:
 async def _through(bouncer: Bouncer, jit: bool, args: argparse.Namespace) -> tuple[CycleResult, float]:
     async def route(url: str) -> str:
         await _set_jit(url, jit)  # before PgBouncer opens its server connections
-        return (
-            make_url(bouncer.url).set(database=make_url(url).database).render_as_string(hide_password=False)
-        )
+        return bouncer.url_for(str(make_url(url).database))
 
     direct = make_url(args.pg_url).set(database=BENCH_PG_DB).render_as_string(hide_password=False)
     before = _cpu_of(bouncer.pid())

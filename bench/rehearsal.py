@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
 import random
 import shutil
 import subprocess
@@ -28,9 +27,8 @@ from typing import Any
 
 import asyncpg
 import httpx
-import msgspec
 
-from bench.rehearsal_stack import HAPROXY, PGBOUNCER, SERVED_BY, PgBouncer, Proxy
+from bench.rehearsal_stack import SERVED_BY, Proxy, missing_binaries, pgbouncer_for
 from bench.soak import (
     EXPIRY,
     OVERRIDES,
@@ -58,15 +56,15 @@ from bench.soak_load import waiting_pops as probe_waiting_pops
 from bench.soak_servers import Server, free_port, server_env
 from horde_lite.db import migrate
 from horde_lite.db.engine import make_engine
-from horde_lite.settings import DatabaseSettings, RateLimitSettings
 from tests.support.invariants import check
 from tests.support.postgres import FAST_OPTIONS, ThrowawayServer
 
 DATABASE = "horde"
 HOSTS = 3
 WAIT_SECONDS = 20  # a waiting pop's bound, when the servers have waiting pops
-# The server's own settings: every host's pool at most this many connections through PgBouncer.
-PG_OPTIONS = f"{FAST_OPTIONS} -c jit=off -c max_connections=300"
+# The server's own settings: room for PgBouncer's pool, each host's LISTEN and queue-copy
+# connections and the rehearsal's own.
+PG_OPTIONS = f"{FAST_OPTIONS} -c max_connections=300"
 DRAIN_LIMIT = 30 + EXPIRY + 15  # the soak's: the longest lease, an expiry, the sweep and slack
 HAMMER_SECONDS = 50.0  # under one rate-limit window (a minute), so the bound is one window's
 HAMMER_RATE = 4.0  # create calls a second from the one hammering key
@@ -110,22 +108,18 @@ class Hammer:
     span: float = 0.0
 
 
-def supports(table: type[msgspec.Struct], *keys: str) -> bool:
-    names = {f.name for f in msgspec.structs.fields(table)}
-    return all(k in names for k in keys)
-
-
 def worker_cli_waits() -> bool:
     cli = Path(sys.executable).with_name("horde-lite")
     out = subprocess.run([str(cli), "worker", "--help"], capture_output=True, text=True, timeout=60)
     return "--wait-seconds" in out.stdout
 
 
-def overrides(create_per_minute: int, shared_store: bool) -> dict[str, dict[str, Any]]:
+def overrides(create_per_minute: int, direct: str) -> dict[str, dict[str, Any]]:
+    """The soak's settings, the rate limits counted in the database (shared by the hosts), and the
+    database through PgBouncer with LISTEN on `direct` (docs/reference/operators.md, "PgBouncer")."""
     out = {table: dict(values) for table, values in OVERRIDES.items()}
-    out["ratelimit"] = {"create_per_minute": create_per_minute, "status_per_minute": 0}
-    if shared_store:
-        out["ratelimit"]["store"] = "database"
+    out["ratelimit"] = {"create_per_minute": create_per_minute, "status_per_minute": 0, "store": "database"}
+    out["database"] = {"pgbouncer": True, "listen_url": direct}
     return out
 
 
@@ -210,14 +204,14 @@ async def chaos(
 
 
 async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
-    for binary, package in ((PGBOUNCER, "pgbouncer"), (HAPROXY, "haproxy")):
-        if not os.access(binary, os.X_OK):
-            raise SystemExit(f"rehearsal: needs {binary} (Debian: apt-get install {package})")
+    missing = missing_binaries()
+    if missing:
+        raise SystemExit(f"rehearsal: needs {', '.join(missing)}")
     notes: list[str] = []
     pg = ThrowawayServer.create(PG_OPTIONS)
     if isinstance(pg, str):
         raise SystemExit(f"rehearsal: {pg}")
-    bouncer = PgBouncer(pg)
+    bouncer = pgbouncer_for(pg)
     servers: list[Server] = []
     proxy: Proxy | None = None
     clis: list[subprocess.Popen[bytes]] = []
@@ -225,26 +219,21 @@ async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
         await asyncio.to_thread(pg.start)
         admin = await asyncpg.connect(host="127.0.0.1", port=pg.port, user="postgres", database="postgres")
         await admin.execute(f"CREATE DATABASE {DATABASE}")
+        # Behind PgBouncer the hosts cannot turn JIT off at connect: the database does, as the
+        # operators' docs say ("PgBouncer").
+        await admin.execute(f"ALTER DATABASE {DATABASE} SET jit = off")
         await admin.close()
         direct = pg.url(DATABASE)
         await asyncio.to_thread(migrate.upgrade, direct)
-        await bouncer.start()
+        try:
+            await asyncio.to_thread(bouncer.start)
+        except RuntimeError as exc:
+            raise SystemExit(f"rehearsal: {exc}") from exc
         engine = make_engine(direct, null_pool=True)
         keys = await set_up_users(engine, owners=8, requesters=args.clients + 2)
 
-        settings = overrides(args.create_per_minute, supports(RateLimitSettings, "store"))
-        env = server_env(direct, settings)
-        if supports(DatabaseSettings, "pgbouncer", "listen_url"):
-            env = server_env(bouncer.url(DATABASE), settings)
-            env["HORDE_LITE_DATABASE__PGBOUNCER"] = "true"
-            env["HORDE_LITE_DATABASE__LISTEN_URL"] = direct
-            via = f"PgBouncer (transaction pooling, :{bouncer.port}); LISTEN on the direct URL"
-        else:
-            via = "the direct URL"
-            notes.append("[database] pgbouncer / listen_url are not settings here: the hosts use the direct "
-                         "URL (PgBouncer runs, unused)")  # fmt: skip
-        if not supports(RateLimitSettings, "store"):
-            notes.append("[ratelimit] store is not a setting here: each host counts on its own")
+        env = server_env(bouncer.url_for(DATABASE), overrides(args.create_per_minute, direct))
+        via = f"PgBouncer (transaction pooling, :{bouncer.port}); LISTEN on the direct URL"
         servers = [Server(i, free_port(), workdir, env) for i in range(HOSTS)]
         await asyncio.gather(*(s.start() for s in servers))
         proxy = Proxy(servers, workdir)
@@ -319,7 +308,7 @@ async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
             proxy.stop()
         for server in servers:
             server.stop()
-        bouncer.stop()
+        await asyncio.to_thread(bouncer.stop)
         await asyncio.to_thread(pg.stop)
 
     failures = collect_failures(tally, report, servers, settled_at is not None, DRAIN_LIMIT)

@@ -1,9 +1,7 @@
 """The rehearsal's infrastructure: PgBouncer in front of a throwaway PostgreSQL server and HAProxy in
 front of the `horde-lite run` processes, each started from a generated configuration in a temp
-directory, on loopback ports, and stopped by the rehearsal (bench/rehearsal.py).
-
-PgBouncer refuses to run as root: it runs as the user the throwaway PostgreSQL server runs as, with
-its files in that server's directory.
+directory, on loopback ports, and stopped by the rehearsal (bench/rehearsal.py). PgBouncer is
+tests/support/pgbouncer.py's, with the rehearsal's settings.
 """
 
 from __future__ import annotations
@@ -17,10 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.soak_servers import LOOPBACK, STOP_TIMEOUT, Server, free_port
+from tests.support.pgbouncer import Bouncer, find_pgbouncer
 from tests.support.postgres import ThrowawayServer
 
-PGBOUNCER = "/usr/sbin/pgbouncer"
 HAPROXY = "/usr/sbin/haproxy"
+# PgBouncer's server connections: the hosts' pools share them.
+PGBOUNCER_POOL = 40
 START_TIMEOUT = 30.0
 HEARTBEAT = "/api/v2/status/heartbeat"
 # Longer than any call the load makes: a /v1 call waiting for its answer, a waiting pop (20 s).
@@ -42,6 +42,20 @@ async def wait_for_port(port: int, process: subprocess.Popen[bytes], what: str, 
     raise SystemExit(f"rehearsal: {what} did not listen within {START_TIMEOUT:.0f} s; see {log}")
 
 
+def missing_binaries() -> list[str]:
+    """The stack's programs not installed, each with its Debian package."""
+    missing = [] if find_pgbouncer() else ["pgbouncer (apt-get install pgbouncer)"]
+    if not os.access(HAPROXY, os.X_OK):
+        missing.append(f"{HAPROXY} (apt-get install haproxy)")
+    return missing
+
+
+def pgbouncer_for(postgres: ThrowawayServer) -> Bouncer:
+    """PgBouncer in front of `postgres` (not started). After a failed login (the server
+    restarting) it tries again in a second, not PgBouncer's default 15."""
+    return Bouncer(postgres.url(), pool_size=PGBOUNCER_POOL, login_retry=1)
+
+
 def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
 
@@ -55,65 +69,6 @@ def _stop(process: subprocess.Popen[bytes] | None) -> None:
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(STOP_TIMEOUT)
-
-
-@dataclass
-class PgBouncer:
-    """PgBouncer in transaction pooling mode in front of `postgres` (trust authentication, loopback)."""
-
-    postgres: ThrowawayServer
-    pool_size: int = 40
-    port: int = field(default_factory=free_port)
-    process: subprocess.Popen[bytes] | None = None
-
-    @property
-    def directory(self) -> Path:
-        return Path(self.postgres.root) / "pgbouncer"
-
-    def url(self, database: str) -> str:
-        return f"postgresql+asyncpg://postgres@{LOOPBACK}:{self.port}/{database}"
-
-    def config(self) -> str:
-        d = self.directory
-        return "\n".join([
-            "[databases]",
-            f"* = host={LOOPBACK} port={self.postgres.port}",
-            "[pgbouncer]",
-            f"listen_addr = {LOOPBACK}",
-            f"listen_port = {self.port}",
-            "unix_socket_dir =",
-            "auth_type = trust",
-            f"auth_file = {d / 'userlist.txt'}",
-            "pool_mode = transaction",
-            "max_client_conn = 1000",
-            f"default_pool_size = {self.pool_size}",
-            # After a failed login (the server restarting) try again in a second, not the default 15.
-            "server_login_retry = 1",
-            # asyncpg sends these at connect; the server runs with jit = off for everyone instead.
-            "ignore_startup_parameters = extra_float_digits,jit",
-            f"logfile = {d / 'pgbouncer.log'}",
-            f"pidfile = {d / 'pgbouncer.pid'}",
-            "",
-        ])  # fmt: skip
-
-    async def start(self) -> None:
-        d = self.directory
-        d.mkdir()
-        (d / "pgbouncer.ini").write_text(self.config())
-        (d / "userlist.txt").write_text('"postgres" ""\n')
-        owner = os.stat(self.postgres.root)
-        for path in (d, d / "pgbouncer.ini", d / "userlist.txt"):
-            os.chown(path, owner.st_uid, owner.st_gid)
-        log = d / "stdout.log"
-        with log.open("wb") as out:
-            self.process = subprocess.Popen(  # noqa: ASYNC220 (starting it takes no time)
-                self.postgres.as_user([PGBOUNCER, str(d / "pgbouncer.ini")]), stdout=out,
-                stderr=subprocess.STDOUT, start_new_session=True,
-            )  # fmt: skip
-        await wait_for_port(self.port, self.process, "pgbouncer", d / "pgbouncer.log")
-
-    def stop(self) -> None:
-        _stop(self.process)
 
 
 @dataclass

@@ -99,10 +99,10 @@ class FilterCache:
         try:
             async with horde.reading() as session:
                 rows = (await session.execute(_READ)).all()
-        except Exception:
+        except Exception as exc:  # the database may be away
             if self._set is None:
                 raise
-            log.warning("reading the filters failed; this process keeps its copy", exc_info=True)
+            log.warning("reading the filters failed, keeping this process's copy: %s", exc)
             self._fresh_until = started + horde.settings.filters.reload_seconds
             return
         self._set = await asyncio.to_thread(self._build, [tuple(r) for r in rows])

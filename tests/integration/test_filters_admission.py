@@ -3,8 +3,9 @@ filter refuses on both faces (the legacy prompt, the native chat payload's messa
 /v1/chat/completions, /v1/completions) in the words of its description and never its pattern, and
 the refused request stores nothing; a replacing filter changes what the worker pops; a match cut off
 by its time bound, or one request's matching past its bound, refuses (fail closed) and is logged;
-replacements cannot bloat a prompt; and a change reaches another server process within
-`[filters] reload_seconds`."""
+replacements cannot bloat a prompt; a change reaches another server process within
+`[filters] reload_seconds`; and a process whose database is lost keeps its copy and says so in one
+line."""
 
 from __future__ import annotations
 
@@ -19,8 +20,9 @@ from sqlalchemy import text
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.filters.store import regex_hash
-from tests.conftest import make_settings
+from tests.conftest import make_settings, truncate_pg
 from tests.support.horde import ANON, HordeClient
+from tests.support.pgbouncer import find_pgbouncer, skip_or_fail, start_pgbouncer
 from tests.support.statements import statements_sent
 
 SECRET = r"\bsecret\s+plan\b"
@@ -216,3 +218,37 @@ async def test_a_change_reaches_another_process_within_reload_seconds(
         assert (await one.create(ANON, prompt="a secret plan")).status_code == 202
         clock.advance(settings.filters.reload_seconds)
         assert (await two.create(ANON, prompt="a secret plan")).status_code == 202
+
+
+async def test_a_lost_database_keeps_the_copy_and_logs_one_line(
+    pg_url: str, clock: ManualClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The database goes away under a running process (its PgBouncer stops: every connection is
+    refused) when its copy of the filters is due: the reload's failure is one WARNING line, no
+    traceback, and the copy still screens."""
+    if find_pgbouncer() is None:
+        skip_or_fail("no pgbouncer binary (apt-get install pgbouncer)")
+    await truncate_pg(pg_url)
+    with start_pgbouncer(pg_url) as pooler:
+        settings = make_settings(pooler.url, database={"pgbouncer": True}, ratelimit={"store": "memory"})
+        app = create_app(settings, clock, run_sweeper=False)
+        async with AsyncTestClient(app=app, timeout=30) as http:
+            client = HordeClient(http, app.state.horde)
+            mod = await client.user("mod", moderator=True)
+            await _filter(client, mod, regex=SECRET, filter_type=10, description="No.")
+            _refused_horde(await client.create(ANON, prompt="a secret plan"), "No.")  # the copy is read
+
+            pooler.stop()
+            clock.advance(settings.filters.reload_seconds)
+            # The app's start-up configured logging after pytest's capture began: capture here.
+            logger = logging.getLogger("horde_lite.filters")
+            logger.addHandler(caplog.handler)
+            try:
+                answer = await client.create(ANON, prompt="a secret plan")
+            finally:
+                logger.removeHandler(caplog.handler)
+    _refused_horde(answer, "No.")  # screened with the copy, before anything else needs the database
+    said = [r for r in caplog.records if r.name == "horde_lite.filters" and r.levelno >= logging.WARNING]
+    assert [(r.levelno, r.exc_info) for r in said] == [(logging.WARNING, None)]
+    assert "keeping this process's copy" in said[0].getMessage()
+    assert "\n" not in said[0].getMessage()

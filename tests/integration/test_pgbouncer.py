@@ -59,7 +59,7 @@ async def fresh_database(pg_url: str, name: str) -> str:
 
 def through(bouncer: Bouncer, direct: str) -> str:
     """`direct`'s database through `bouncer` (its ini serves every database of the server)."""
-    return make_url(bouncer.url).set(database=make_url(direct).database).render_as_string(hide_password=False)
+    return bouncer.url_for(str(make_url(direct).database))
 
 
 async def applied(direct: str) -> str | None:

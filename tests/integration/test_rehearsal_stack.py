@@ -1,6 +1,7 @@
 """The rehearsal's stack (bench/rehearsal_stack.py): PgBouncer in transaction pooling mode in front
 of a throwaway PostgreSQL server that is restarted under it, and HAProxy's health checks taking a
-SIGKILLed host out of rotation and back in once it is restarted."""
+SIGKILLed host out of rotation and back in once it is restarted. Skipped without pgbouncer or
+haproxy, failed instead when HORDE_LITE_REQUIRE_PGBOUNCER is set (CI installs both)."""
 
 from __future__ import annotations
 
@@ -8,23 +9,36 @@ import asyncio
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
-from bench.rehearsal_stack import HAPROXY, HEARTBEAT, PGBOUNCER, SERVED_BY, PgBouncer, Proxy
+from bench.rehearsal_stack import HEARTBEAT, SERVED_BY, Proxy, missing_binaries, pgbouncer_for
 from bench.soak_servers import LOOPBACK, Server, free_port, server_env
+from tests.support.pgbouncer import Bouncer, skip_or_fail
 from tests.support.postgres import ThrowawayServer
 
-pytestmark = pytest.mark.skipif(
-    not (os.access(PGBOUNCER, os.X_OK) and os.access(HAPROXY, os.X_OK)),
-    reason=f"needs {PGBOUNCER} and {HAPROXY} (Debian's pgbouncer and haproxy packages)",
-)
+
+@pytest.fixture(autouse=True)
+def _stack_installed() -> None:
+    missing = missing_binaries()
+    if missing:
+        skip_or_fail(f"the rehearsal's stack needs {', '.join(missing)}")
 
 
-async def _backend_through(bouncer: PgBouncer) -> int:
+@pytest.fixture
+def throwaway() -> Iterator[ThrowawayServer]:
+    pg = ThrowawayServer.create()
+    if isinstance(pg, str):
+        skip_or_fail(pg)
+    yield pg
+    pg.stop()
+
+
+async def _backend_through(bouncer: Bouncer) -> int:
     """The PostgreSQL backend serving a fresh connection through PgBouncer (retried while the
     server comes back)."""
     deadline = time.monotonic() + 20
@@ -47,15 +61,15 @@ def _postmaster_pid(pg: ThrowawayServer) -> int:
     return int(Path(pg.data, "postmaster.pid").read_text().splitlines()[0])
 
 
-async def test_pgbouncer_serves_again_after_a_fast_restart_of_postgres() -> None:
-    pg = ThrowawayServer.create()
-    if isinstance(pg, str):
-        pytest.skip(pg)
-    bouncer = PgBouncer(pg)
+async def test_pgbouncer_serves_again_after_a_fast_restart_of_postgres(throwaway: ThrowawayServer) -> None:
+    pg = throwaway
+    bouncer = pgbouncer_for(pg)
     try:
         await asyncio.to_thread(pg.start)
-        await bouncer.start()
-        assert "pool_mode = transaction" in (bouncer.directory / "pgbouncer.ini").read_text()
+        await asyncio.to_thread(bouncer.start)
+        ini = bouncer.ini.read_text()
+        assert "pool_mode = transaction" in ini
+        assert "server_login_retry = 1" in ini
         before, postmaster = await _backend_through(bouncer), _postmaster_pid(pg)
 
         await asyncio.to_thread(pg.restart)
@@ -64,9 +78,10 @@ async def test_pgbouncer_serves_again_after_a_fast_restart_of_postgres() -> None
         after = await _backend_through(bouncer)
         assert after != before
     finally:
-        bouncer.stop()
+        await asyncio.to_thread(bouncer.stop)
         await asyncio.to_thread(pg.stop)
     assert not await asyncio.to_thread(os.path.exists, pg.root)
+    assert not await asyncio.to_thread(os.path.exists, bouncer.root)
 
 
 async def test_the_proxy_drops_a_killed_host_and_takes_it_back(sqlite_template: Path, tmp_path: Path) -> None:

@@ -1,14 +1,17 @@
-"""A real PgBouncer in transaction pooling mode in front of the suite's PostgreSQL, for the tests
-(and the bench) that must see what a pooler in front of the database does to the app.
+"""A real PgBouncer in transaction pooling mode in front of a PostgreSQL server, for the tests that
+must see what a pooler in front of the database does to the app, and for the bench (the
+rehearsal's stack, bench/perf_pgbouncer.py): the one place that writes PgBouncer's ini, finds its
+binary, starts it, waits for its port and stops it.
 
-`start_pgbouncer(url)` writes an ini, a userlist and a log in a temp dir, starts `pgbouncer` on a
-free 127.0.0.1 port and returns the same database's URL through it. Trust auth (the suite's
-server trusts loopback logins too); `default_pool_size` is small so a handful of server
-connections really are shared between many app connections. PgBouncer refuses to run as root: as
-root it runs as `postgres` (via runuser or su, as tests/support/postgres.py runs the server).
+`Bouncer(server_url)` holds an ini, a userlist and a log in a temp dir of its own; `start()` runs
+`pgbouncer` on a free 127.0.0.1 port and `url` is the same database's URL through it (its ini
+serves every database of the server: `url_for`). Trust auth (the suite's server trusts loopback
+logins too). PgBouncer refuses to run as root: as root it runs as `postgres` (via runuser or su,
+as tests/support/postgres.py runs the server). `start_pgbouncer(url)` is the same as a context
+manager, and `bouncer` the suite's fixture.
 
 `require_pgbouncer()` reads `HORDE_LITE_REQUIRE_PGBOUNCER` (CI sets it): when true, a missing
-binary fails the tests that need it instead of skipping them.
+binary fails the tests that need it instead of skipping them (`skip_or_fail`).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 import pytest
 from sqlalchemy.engine import make_url
@@ -34,12 +38,21 @@ from tests.support.postgres import _as_user_prefix
 ENV_REQUIRE = "HORDE_LITE_REQUIRE_PGBOUNCER"
 SEARCHED = ("/usr/sbin/pgbouncer", "/usr/local/sbin/pgbouncer", "/usr/bin/pgbouncer")
 START_TIMEOUT = 20.0
+STOP_TIMEOUT = 10.0
 # Server connections per (database, user) pair: fewer than the app's concurrent transactions.
 POOL_SIZE = 3
+MAX_CLIENT_CONN = 1000
 
 
 def require_pgbouncer() -> bool:
     return os.environ.get(ENV_REQUIRE, "").strip().lower() in {"1", "true", "yes"}
+
+
+def skip_or_fail(reason: str) -> NoReturn:
+    """Skip the test for want of `reason`; fail it instead when PgBouncer's tests are required."""
+    if require_pgbouncer():
+        pytest.fail(f"required ({ENV_REQUIRE}) but missing: {reason}")
+    pytest.skip(reason)
 
 
 def find_pgbouncer() -> str | None:
@@ -49,56 +62,10 @@ def find_pgbouncer() -> str | None:
     return next((path for path in SEARCHED if os.access(path, os.X_OK)), None)
 
 
-@dataclass(frozen=True)
-class Bouncer:
-    url: str  # the database's SQLAlchemy URL through PgBouncer
-    port: int
-    log: Path
-
-    def pid(self) -> int:
-        """PgBouncer's own process (not runuser's)."""
-        return int((self.log.parent / "pgbouncer.pid").read_text().strip())
-
-    def log_text(self) -> str:
-        try:
-            return self.log.read_text(errors="replace")
-        except OSError:
-            return ""
-
-
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
-
-
-def _ini(*, port: int, host: str, server_port: int, root: Path, ignored: tuple[str, ...], pool: int) -> str:
-    return f"""\
-[databases]
-* = host={host} port={server_port}
-
-[pgbouncer]
-listen_addr = 127.0.0.1
-listen_port = {port}
-unix_socket_dir =
-auth_type = trust
-auth_file = {root / "userlist.txt"}
-pool_mode = transaction
-default_pool_size = {pool}
-min_pool_size = 0
-reserve_pool_size = 0
-max_client_conn = 500
-max_db_connections = {pool}
-server_reset_query = DISCARD ALL
-ignore_startup_parameters = {", ".join(("extra_float_digits", *ignored))}
-logfile = {root / "pgbouncer.log"}
-pidfile = {root / "pgbouncer.pid"}
-"""
-
-
-def _signal_group(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, sig)
 
 
 def _answers(port: int) -> bool:
@@ -109,55 +76,134 @@ def _answers(port: int) -> bool:
         return False
 
 
+@dataclass
+class Bouncer:
+    """PgBouncer (transaction mode) in front of `server_url`'s server. `pool_size`: its server
+    connections per database; `login_retry`: seconds before it logs in again after a failed login
+    (a server restarting), None for PgBouncer's default (15); `ignore_startup`: startup parameters
+    it accepts and drops beyond `extra_float_digits` (asyncpg sends it)."""
+
+    server_url: str
+    pool_size: int = POOL_SIZE
+    login_retry: int | None = None
+    ignore_startup: tuple[str, ...] = ()
+    port: int = field(default_factory=_free_port)
+    root: Path = field(init=False)
+    process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.root = Path(tempfile.mkdtemp(prefix="horde-lite-pgb-", dir="/tmp"))
+
+    @property
+    def url(self) -> str:
+        """`server_url`'s database through PgBouncer."""
+        return make_url(self.server_url).set(port=self.port).render_as_string(hide_password=False)
+
+    def url_for(self, database: str) -> str:
+        return make_url(self.url).set(database=database).render_as_string(hide_password=False)
+
+    @property
+    def ini(self) -> Path:
+        return self.root / "pgbouncer.ini"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "pgbouncer.log"
+
+    def pid(self) -> int:
+        """PgBouncer's own process (not runuser's)."""
+        return int((self.root / "pgbouncer.pid").read_text().strip())
+
+    def log_text(self) -> str:
+        try:
+            return self.log.read_text(errors="replace")
+        except OSError:
+            return ""
+
+    def config(self) -> str:
+        server = make_url(self.server_url)
+        retry = [] if self.login_retry is None else [f"server_login_retry = {self.login_retry}"]
+        return "\n".join([
+            "[databases]",
+            f"* = host={server.host or '127.0.0.1'} port={server.port or 5432}",
+            "[pgbouncer]",
+            "listen_addr = 127.0.0.1",
+            f"listen_port = {self.port}",
+            "unix_socket_dir =",
+            "auth_type = trust",
+            f"auth_file = {self.root / 'userlist.txt'}",
+            "pool_mode = transaction",
+            f"default_pool_size = {self.pool_size}",
+            "min_pool_size = 0",
+            "reserve_pool_size = 0",
+            f"max_client_conn = {MAX_CLIENT_CONN}",
+            f"max_db_connections = {self.pool_size}",
+            "server_reset_query = DISCARD ALL",
+            *retry,
+            f"ignore_startup_parameters = {', '.join(('extra_float_digits', *self.ignore_startup))}",
+            f"logfile = {self.log}",
+            f"pidfile = {self.root / 'pgbouncer.pid'}",
+            "",
+        ])  # fmt: skip
+
+    def start(self) -> None:
+        """Start it and wait for its port; RuntimeError (with its log) when it does not listen."""
+        binary = find_pgbouncer()
+        if binary is None:
+            raise FileNotFoundError("no pgbouncer binary on PATH or in /usr/sbin (apt-get install pgbouncer)")
+        prefix = _as_user_prefix()
+        if isinstance(prefix, str):
+            raise RuntimeError(prefix)
+        as_user, account = prefix
+        user = make_url(self.server_url).username or "postgres"
+        (self.root / "userlist.txt").write_text(f'"{user}" ""\n')
+        self.ini.write_text(self.config())
+        if account is not None:
+            for path in (self.root, self.root / "userlist.txt", self.ini):
+                os.chown(path, account.pw_uid, account.pw_gid)
+        self.process = subprocess.Popen(
+            as_user([binary, str(self.ini)]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
+        deadline = time.monotonic() + START_TIMEOUT
+        while not _answers(self.port):
+            if self.process.poll() is not None:
+                out = self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
+                raise RuntimeError(f"pgbouncer exited ({self.process.returncode}): {out} {self.log_text()}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"pgbouncer not listening after {START_TIMEOUT:g} s: {self.log_text()}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop it (if started) and remove its directory; safe to call more than once."""
+        process, self.process = self.process, None
+        if process is not None and process.poll() is None:
+            self._signal(process, signal.SIGTERM)  # pgbouncer itself, not only runuser
+            try:
+                process.wait(STOP_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                self._signal(process, signal.SIGKILL)
+                process.wait(STOP_TIMEOUT)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+    @staticmethod
+    def _signal(process: subprocess.Popen[bytes], sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, sig)
+
+
 @contextmanager
 def start_pgbouncer(
     db_url: str, *, ignore_startup: tuple[str, ...] = (), pool_size: int = POOL_SIZE
 ) -> Iterator[Bouncer]:
-    """PgBouncer (transaction mode) in front of `db_url`'s server; yields the URL through it.
-    `ignore_startup`: startup parameters it accepts (and drops) beyond the usual one; `pool_size`:
-    its server connections."""
-    binary = find_pgbouncer()
-    if binary is None:
-        raise FileNotFoundError("no pgbouncer binary on PATH or in /usr/sbin (apt-get install pgbouncer)")
-    prefix = _as_user_prefix()
-    if isinstance(prefix, str):
-        raise RuntimeError(prefix)
-    as_user, account = prefix
-    url = make_url(db_url)
-    root = Path(tempfile.mkdtemp(prefix="horde-lite-pgb-", dir="/tmp"))
-    port = _free_port()
-    (root / "userlist.txt").write_text(f'"{url.username or "postgres"}" ""\n')
-    ini = root / "pgbouncer.ini"
-    host, server_port = url.host or "127.0.0.1", url.port or 5432
-    ini.write_text(
-        _ini(port=port, host=host, server_port=server_port, root=root, ignored=ignore_startup, pool=pool_size)
-    )
-    if account is not None:
-        for path in (root, root / "userlist.txt", ini):
-            os.chown(path, account.pw_uid, account.pw_gid)
-    process = subprocess.Popen(
-        as_user([binary, str(ini)]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
-    )
-    through = url.set(port=port).render_as_string(hide_password=False)
-    bouncer = Bouncer(url=through, port=port, log=root / "pgbouncer.log")
+    """A started `Bouncer` in front of `db_url`'s server (its `url`: `db_url` through it), stopped
+    at the end."""
+    bouncer = Bouncer(db_url, pool_size=pool_size, ignore_startup=ignore_startup)
     try:
-        deadline = time.monotonic() + START_TIMEOUT
-        while not _answers(port):
-            if process.poll() is not None:
-                out = process.stdout.read().decode(errors="replace") if process.stdout else ""
-                raise RuntimeError(f"pgbouncer exited ({process.returncode}): {out} {bouncer.log_text()}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"pgbouncer not listening after {START_TIMEOUT:g} s: {bouncer.log_text()}")
-            time.sleep(0.05)
+        bouncer.start()
         yield bouncer
     finally:
-        _signal_group(process, signal.SIGTERM)  # pgbouncer itself, not only runuser
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait(10)
-        shutil.rmtree(root, ignore_errors=True)
+        bouncer.stop()
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +211,6 @@ def bouncer(pg_url: str) -> Iterator[Bouncer]:
     """PgBouncer in front of the suite's PostgreSQL test database (skipped, or failed when
     required, without the binary)."""
     if find_pgbouncer() is None:
-        reason = "no pgbouncer binary (apt-get install pgbouncer)"
-        if require_pgbouncer():
-            pytest.fail(f"PgBouncer is required ({ENV_REQUIRE}) but missing: {reason}")
-        pytest.skip(f"PgBouncer tests skipped: {reason}")
+        skip_or_fail("no pgbouncer binary (apt-get install pgbouncer)")
     with start_pgbouncer(pg_url) as started:
         yield started
