@@ -15,6 +15,7 @@ from horde_lite.accounts.workers import record_speed_sample
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Generation, TextRequest, User, Worker
+from horde_lite.db.rows import write_changes
 from horde_lite.inputs import SubmitInput
 from horde_lite.jobs.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.jobs.output_bounds import check_submit
@@ -143,6 +144,14 @@ def require_live(generation: Generation) -> None:
         raise HordeError(Rc.DuplicateGen, "This generation was already submitted.")
 
 
+# What a stored submit may change on the job's generation, its worker and its request.
+_STORED = ("submitted_at", "state", "chat_result", "text", "seed", "gen_metadata", "tokens", "reward")
+_WORKER_TOTALS = (
+    "completed_jobs", "tokens_generated", "kudos_earned", "speed_samples", "lease_speed", "capacity"
+)  # fmt: skip
+_REQUEST_SETTLED = ("kudos_spent", "state")
+
+
 @dataclass(frozen=True, slots=True)
 class Stored:
     reward: float  # 0 for a fault and for a paused worker's fake job
@@ -232,6 +241,10 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         # read and write the row only for the release to overwrite it.
         await kudos.consume_hold(session, request.id, charge)
     await shadow_outcome(session, horde, generation, worker, request, "completed")
+    # The job's three rows as Core updates of what changed (they are locked since the job's read).
+    await write_changes(session, generation, _STORED)
+    await write_changes(session, worker, _WORKER_TOTALS)
+    await write_changes(session, request, _REQUEST_SETTLED)
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",
