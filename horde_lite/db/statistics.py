@@ -6,8 +6,7 @@ long-lived connections: each connection of the app's pool opens with `PRAGMA opt
 (`ON_OPEN`), the process analyzes a file that was never analyzed when it starts (`at_start`), and
 `PRAGMA optimize` runs every `REFRESH_SECONDS` beside the lease sweep (`refresh`): it re-analyzes a
 table only when its size has moved far from its statistics (or it has none), else it costs a few
-page reads. Every ANALYZE reads a sample of each index (`ANALYSIS_LIMIT` rows), so none is a scan of
-a large table. On SQLite before 3.46, `optimize` looks only at the tables the connection has
+page reads. On SQLite before 3.46, `optimize` looks only at the tables the connection has
 queried, which on the pool's long-lived connections are the hot ones.
 
 PostgreSQL needs none of this: autovacuum analyzes its tables as they change.
@@ -23,12 +22,12 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 if TYPE_CHECKING:
     from horde_lite.core.context import Horde
 
-# Rows of each index an ANALYZE reads: SQLite's advice for `PRAGMA optimize` (its result is an
-# estimate; a planner needs proportions, not exact counts).
-ANALYSIS_LIMIT = 400
 # The statements each connection of the app's pool runs when it opens. Not on the reader of the
 # process's copy of the queue: a transaction holding the write lock can wait on that connection.
-ON_OPEN = (f"PRAGMA analysis_limit={ANALYSIS_LIMIT}", "PRAGMA optimize=0x10002")
+# No `analysis_limit`: a sampled ANALYZE caps each index's rows per key at the sample's size, and
+# the queue's index then looks selective where it is not (worse plans than no statistics at all);
+# a whole ANALYZE reads each index once, and runs only when a table's size moved far.
+ON_OPEN = ("PRAGMA optimize=0x10002",)
 # How often `refresh` runs. Its check is a few page reads when nothing moved, so it runs often
 # enough to follow a queue that grows by thousands of requests within minutes.
 REFRESH_SECONDS = 600.0
