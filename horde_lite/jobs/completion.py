@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import flagged, kudos, owner_limits
+from horde_lite.accounts import flagged, kudos, limits, owner_limits
 from horde_lite.accounts.users import authenticate_user, hash_key, is_anonymous_key
 from horde_lite.accounts.workers import record_speed_sample
 from horde_lite.core.context import Caller, Horde
@@ -60,13 +60,14 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
 
 
 # The job's request, found through its generation, read fresh (`populate_existing`) and locked FOR
-# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold; the same
+# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold and whether
+# a limit counted it; the same
 # with the poster's users row, found by its key's hash and not locked; then the generation with its
 # worker, both locked. Built once, with bound parameters: a reused statement keeps its SQLAlchemy
 # cache key.
 _OWNING = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
 _REQUEST = (
-    select(TextRequest, kudos.HAS_HOLD)
+    select(TextRequest, kudos.HAS_HOLD, limits.COUNTED)
     .where(TextRequest.id == _OWNING)
     .execution_options(populate_existing=True)
     .with_for_update()
@@ -103,9 +104,11 @@ async def _request_and_poster(
         if row is None:
             return None, user
         found = (*row, user)
-    request, has_hold, user = found
+    request, has_hold, counted, user = found
     if not has_hold:
         kudos.note_holdless(session, request.id)
+    if not counted:
+        limits.note_uncounted(session, request.id)
     return request, user
 
 
