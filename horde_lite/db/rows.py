@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any, cast
 
-from sqlalchemy import Table, Update, bindparam, insert, inspect, update
+from sqlalchemy import Insert, Table, Update, bindparam, insert, inspect, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import get_history, set_committed_value
 
@@ -30,8 +30,20 @@ async def insert_rows(session: AsyncSession, rows: Iterable[Base]) -> None:
     for row in rows:
         values = values_of(row)
         batches.setdefault((cast(Table, row.__table__), frozenset(values)), []).append(values)
+    conn = await session.connection()  # Core: the ORM has nothing to do with these rows
     for (table, _columns), values in batches.items():
-        await session.execute(insert(table), values if len(values) > 1 else values[0])
+        await conn.execute(_insert_into(table), values if len(values) > 1 else values[0])
+
+
+_INSERTS: dict[Table, Insert] = {}
+
+
+def _insert_into(table: Table) -> Insert:
+    """`insert(table)`, built once per table: a statement built per call pays its cache key."""
+    statement = _INSERTS.get(table)
+    if statement is None:
+        statement = _INSERTS[table] = insert(table)
+    return statement
 
 
 # One UPDATE by primary key per table and set of columns written (`write_changes`), built once.
