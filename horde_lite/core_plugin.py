@@ -75,7 +75,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         engine = make_engine(
             url, echo=self.settings.database.echo, null_pool=self.settings.database.null_pool
         )
-        await statistics.at_start(engine)
+        await self._guarded("planner statistics at start-up", statistics.at_start(engine))
         horde = Horde(
             settings=self.settings,
             policies=self.policies,
@@ -122,16 +122,18 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         refreshed = asyncio.get_running_loop().time()
         while True:
             await asyncio.sleep(interval)
-            await self._periodic("lease sweep", lease.sweep(horde))
+            await self._guarded("lease sweep", lease.sweep(horde))
             if asyncio.get_running_loop().time() - refreshed >= statistics.REFRESH_SECONDS:
                 refreshed = asyncio.get_running_loop().time()
-                await self._periodic("statistics refresh", statistics.refresh(horde))
+                await self._guarded("statistics refresh", statistics.refresh(horde))
 
     @staticmethod
-    async def _periodic(what: str, work: Coroutine[Any, Any, None]) -> None:
+    async def _guarded(what: str, work: Coroutine[Any, Any, None]) -> None:
+        """Work that must not stop the process: a failure is logged; the sweep and the refresh
+        try again at their next pass (the refresh also covers a failed start-up analysis)."""
         try:
             await work
-        except Exception as exc:  # keep going; a failed pass is retried next time
+        except Exception as exc:  # keep going
             if database_unavailable(exc):
                 log.warning("%s skipped: the database is unavailable (%s)", what, exc)
             else:

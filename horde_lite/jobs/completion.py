@@ -60,11 +60,10 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
 
 
 # The job's request, found through its generation, read fresh (`populate_existing`) and locked FOR
-# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold and whether
-# a limit counted it; the same
-# with the poster's users row, found by its key's hash and not locked; then the generation with its
-# worker, both locked. Built once, with bound parameters: a reused statement keeps its SQLAlchemy
-# cache key.
+# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold and whether a
+# limit counted it; the same with the poster's users row, found by its key's hash and not locked;
+# then the generation with its worker, both locked. Built once, with bound parameters: a reused
+# statement keeps its SQLAlchemy cache key.
 _OWNING = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
 _REQUEST = (
     select(TextRequest, kudos.HAS_HOLD, limits.COUNTED)
