@@ -39,6 +39,7 @@ from horde_lite.accounts.workers import capacity_for
 from horde_lite.clock import ManualClock
 from horde_lite.core.context import Horde
 from horde_lite.db import migrate
+from horde_lite.db import statistics as planner_statistics
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import (
     KudosEvent,
@@ -272,14 +273,14 @@ async def settle(horde: Horde) -> None:
     """Statistics for the planner after a bulk load. On PostgreSQL a VACUUM too: a freshly loaded
     table is what autovacuum goes for next, and its run in the middle of the measured calls (on the
     same two cores) moved them by a third from one run to the next; vacuumed, the index-only scans
-    also skip the heap, as on a settled database."""
+    also skip the heap, as on a settled database. On SQLite the server's own periodic step
+    (`statistics.refresh`, which a running server takes every few minutes), not a manual ANALYZE."""
     if horde.engine.dialect.name == "postgresql":
         async with horde.engine.connect() as conn:
             await conn.execute(text("COMMIT"))  # VACUUM runs outside a transaction
             await conn.execute(text("VACUUM ANALYZE"))
     else:
-        async with horde.engine.begin() as conn:
-            await conn.execute(text("ANALYZE"))
+        await planner_statistics.refresh(horde)
 
 
 # --- what is measured ------------------------------------------------------------------------------

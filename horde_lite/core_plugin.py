@@ -8,9 +8,9 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from litestar.config.app import AppConfig
 from litestar.plugins import CLIPluginProtocol, InitPluginProtocol
@@ -26,7 +26,7 @@ from horde_lite.api.metrics_route import metrics
 from horde_lite.clock import Clock
 from horde_lite.core.context import Horde
 from horde_lite.core.notify import start_listener
-from horde_lite.db import migrate
+from horde_lite.db import migrate, statistics
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.heap import freeze_startup_objects
 from horde_lite.jobs import lease
@@ -74,6 +74,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             log.info("database is behind: applying migrations")
             await asyncio.to_thread(migrate.upgrade, url, pgbouncer=pgbouncer)
         engine = make_engine(url, echo=database.echo, null_pool=database.null_pool, pgbouncer=pgbouncer)
+        await self._guarded("planner statistics at start-up", statistics.at_start(engine))
         horde = Horde(
             settings=self.settings,
             policies=self.policies,
@@ -117,18 +118,29 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             await engine.dispose()
 
     async def _sweep_forever(self, horde: Horde) -> None:
+        """The lease sweep, and beside it the planner's statistics every `statistics.REFRESH_SECONDS`."""
         interval = self.settings.lease.sweep_seconds
         if interval <= 0:
             return
+        refreshed = asyncio.get_running_loop().time()
         while True:
             await asyncio.sleep(interval)
-            try:
-                await lease.sweep(horde)
-            except Exception as exc:  # keep sweeping; a failed pass is retried next time
-                if database_unavailable(exc):
-                    log.warning("lease sweep skipped: the database is unavailable (%s)", exc)
-                else:
-                    log.exception("lease sweep failed")
+            await self._guarded("lease sweep", lease.sweep(horde))
+            if asyncio.get_running_loop().time() - refreshed >= statistics.REFRESH_SECONDS:
+                refreshed = asyncio.get_running_loop().time()
+                await self._guarded("statistics refresh", statistics.refresh(horde))
+
+    @staticmethod
+    async def _guarded(what: str, work: Coroutine[Any, Any, None]) -> None:
+        """Work that must not stop the process: a failure is logged; the sweep and the refresh
+        try again at their next pass (the refresh also covers a failed start-up analysis)."""
+        try:
+            await work
+        except Exception as exc:  # keep going
+            if database_unavailable(exc):
+                log.warning("%s skipped: the database is unavailable (%s)", what, exc)
+            else:
+                log.exception("%s failed", what)
 
     def on_cli_init(self, cli: Group) -> None:
         from horde_lite.cli import register_commands

@@ -61,7 +61,8 @@ async def record(session: AsyncSession, user_id: int, amount: float, kind: str, 
     against a creation holding `FOR UPDATE` on the same user (PostgreSQL). Moving several balances
     in one transaction goes through `record_all`, which takes the rows in ascending id order."""
     await _move(session, [(user_id, amount)])
-    session.add(KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now))
+    event = KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
+    await insert_rows(session, [event])
 
 
 async def record_all(
@@ -71,10 +72,11 @@ async def record_all(
     rows are updated in ascending id order, the ledger rows are inserted after all of them."""
     ordered = sorted(entries, key=lambda e: e[0])
     await _move(session, [(user_id, amount) for user_id, amount, _kind in ordered])
-    session.add_all(
-        KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
-        for user_id, amount, kind in ordered
-    )
+    await insert_rows(
+        session,
+        [KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
+         for user_id, amount, kind in ordered],
+    )  # fmt: skip
 
 
 _users = User.__table__
@@ -196,7 +198,7 @@ async def charge_job(
     charge = round(reward + 1, 2)
     # The lock order of docs/explanation/locking.md: users rows in ascending id (two submits paying
     # each other's users in opposite directions cannot deadlock), then the shared key; the hold
-    # comes after (the caller); the ledger rows are inserted at the flush.
+    # comes after (the caller); the ledger rows are inserted after the balances.
     await record_all(
         session, [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")], generation_id, now
     )

@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from sqlalchemy import and_, bindparam, func, or_, select, update
+from sqlalchemy import and_, bindparam, exists, func, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 
@@ -306,6 +306,16 @@ _SETTLE = (
 
 
 _COUNTED = select(_la.c.request_id).where(_la.c.request_id == bindparam("ended_request"))
+# Whether the request was written down for a limit, as a column of a statement reading
+# text_requests (a submit's read of its request). Only admission writes one, in the transaction that
+# inserts the request, so a reader that sees none will never see one: it tells the session
+# (`note_uncounted`), and the request's end then skips `_COUNTED`'s round trip.
+COUNTED = exists().where(_la.c.request_id == TextRequest.id).label("limit_counted")
+_UNCOUNTED = "horde_lite.uncounted_requests"  # session.info key: requests known to be uncounted
+
+
+def note_uncounted(session: AsyncSession, request_id: str) -> None:
+    session.info.setdefault(_UNCOUNTED, set()).add(request_id)
 
 
 async def settle_tokens(session: AsyncSession, request_id: str) -> None:
@@ -313,6 +323,8 @@ async def settle_tokens(session: AsyncSession, request_id: str) -> None:
     counts what was made, not what was asked. A request never written down costs one lookup by key
     (a Core statement: nothing is flushed for it); one that was has its jobs' pending ends flushed
     first, so that the sum reads them."""
+    if request_id in session.info.get(_UNCOUNTED, ()):
+        return
     values = {"ended_request": request_id}
     if (await session.execute(_COUNTED, values)).first() is None:
         return

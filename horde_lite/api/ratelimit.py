@@ -113,7 +113,9 @@ def _calls(count: int) -> list[int]:
 
 
 def _matcher(calls: tuple[tuple[str, re.Pattern[str]], ...]) -> Any:
-    def counts(request: Request[Any, Any, Any]) -> bool:
+    # A coroutine function: Litestar runs a plain function given as `check_throttle_handler` in a
+    # thread, a hand-off per request for a few string comparisons.
+    async def counts(request: Request[Any, Any, Any]) -> bool:
         path = request.url.path
         return any(request.method == method and pattern.fullmatch(path) for method, pattern in calls)
 

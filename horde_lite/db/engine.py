@@ -20,6 +20,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, async_sessionma
 from sqlalchemy.ext.asyncio import AsyncSession as AsyncSession  # re-export for the layers above
 from sqlalchemy.pool import NullPool
 
+from horde_lite.db import statistics
+
 SQLITE_BUSY_TIMEOUT_MS = 30_000
 # Connections per process: (kept open, overflow). The totals are as before (SQLAlchemy's default
 # for SQLite); more kept open, fewer opened and closed under load.
@@ -168,6 +170,9 @@ def _sqlite_pragmas(engine: AsyncEngine, *, begin_immediate: bool = True) -> Non
         cursor.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
         cursor.execute("PRAGMA foreign_keys=ON")
         cursor.execute("PRAGMA synchronous=NORMAL")
+        if begin_immediate:  # the pool's connections keep the planner's statistics (db/statistics.py)
+            for pragma in statistics.ON_OPEN:
+                cursor.execute(pragma)
         cursor.close()
 
     if not begin_immediate:

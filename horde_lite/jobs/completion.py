@@ -9,12 +9,13 @@ from dataclasses import dataclass
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
-from horde_lite.accounts import flagged, kudos, owner_limits
+from horde_lite.accounts import flagged, kudos, limits, owner_limits
 from horde_lite.accounts.users import authenticate_user, hash_key, is_anonymous_key
 from horde_lite.accounts.workers import record_speed_sample
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Generation, TextRequest, User, Worker
+from horde_lite.db.rows import write_changes
 from horde_lite.inputs import SubmitInput
 from horde_lite.jobs.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.jobs.output_bounds import check_submit
@@ -59,13 +60,13 @@ def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
 
 
 # The job's request, found through its generation, read fresh (`populate_existing`) and locked FOR
-# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold; the same
-# with the poster's users row, found by its key's hash and not locked; then the generation with its
-# worker, both locked. Built once, with bound parameters: a reused statement keeps its SQLAlchemy
-# cache key.
+# UPDATE (the outer query's row only, not the subqueries'), with whether it has a hold and whether a
+# limit counted it; the same with the poster's users row, found by its key's hash and not locked;
+# then the generation with its worker, both locked. Built once, with bound parameters: a reused
+# statement keeps its SQLAlchemy cache key.
 _OWNING = select(Generation.request_id).where(Generation.id == bindparam("id")).scalar_subquery()
 _REQUEST = (
-    select(TextRequest, kudos.HAS_HOLD)
+    select(TextRequest, kudos.HAS_HOLD, limits.COUNTED)
     .where(TextRequest.id == _OWNING)
     .execution_options(populate_existing=True)
     .with_for_update()
@@ -102,9 +103,11 @@ async def _request_and_poster(
         if row is None:
             return None, user
         found = (*row, user)
-    request, has_hold, user = found
+    request, has_hold, counted, user = found
     if not has_hold:
         kudos.note_holdless(session, request.id)
+    if not counted:
+        limits.note_uncounted(session, request.id)
     return request, user
 
 
@@ -141,6 +144,14 @@ def require_live(generation: Generation) -> None:
         raise HordeError(Rc.AbortedGen, LAPSED)
     if generation.state != "processing":
         raise HordeError(Rc.DuplicateGen, "This generation was already submitted.")
+
+
+# What a stored submit may change on the job's generation, its worker and its request.
+_STORED = ("submitted_at", "state", "chat_result", "text", "seed", "gen_metadata", "tokens", "reward")
+_WORKER_TOTALS = (
+    "completed_jobs", "tokens_generated", "kudos_earned", "speed_samples", "lease_speed", "capacity"
+)  # fmt: skip
+_REQUEST_SETTLED = ("kudos_spent", "state")
 
 
 @dataclass(frozen=True, slots=True)
@@ -232,6 +243,10 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         # read and write the row only for the release to overwrite it.
         await kudos.consume_hold(session, request.id, charge)
     await shadow_outcome(session, horde, generation, worker, request, "completed")
+    # The job's three rows as Core updates of what changed (they are locked since the job's read).
+    await write_changes(session, generation, _STORED)
+    await write_changes(session, worker, _WORKER_TOTALS)
+    await write_changes(session, request, _REQUEST_SETTLED)
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",

@@ -16,9 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, delete, func, select
-from sqlalchemy.dialects.postgresql import insert as pg_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy import ColumnElement, TextClause, bindparam, delete, func, select, text
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.accounts.users import display_name
@@ -33,14 +31,24 @@ _KEY = ("hour", "user_id", "worker_id", "model", "shared_key_hash")
 _SUMS = ("requests", "jobs", "tokens", "kudos_spent", "kudos_earned")
 
 
-def _upsert(insert: Any) -> Any:
-    statement = insert(_usage)
-    added = {c: _usage.c[c] + statement.excluded[c] for c in _SUMS}
-    return statement.on_conflict_do_update(index_elements=list(_KEY), set_=added)
+_COLUMNS = (*_KEY, "owner_id", *_SUMS)
 
 
-# Built once per dialect: the statement runs at every settlement.
-_ADD = {"postgresql": _upsert(pg_insert), "sqlite": _upsert(sqlite_insert)}
+def _upsert() -> TextClause:
+    """INSERT ... ON CONFLICT DO UPDATE, as text both databases take as written: SQLAlchemy's
+    dialect constructs for it have no cache key, so the statement was compiled again at every
+    settlement. Its parameters carry the columns' types."""
+    names = ", ".join(_COLUMNS)
+    params = ", ".join(f":{c}" for c in _COLUMNS)
+    added = ", ".join(f"{c} = {_usage.name}.{c} + excluded.{c}" for c in _SUMS)
+    sql = (
+        f"INSERT INTO {_usage.name} ({names}) VALUES ({params}) "
+        f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET {added}"
+    )
+    return text(sql).bindparams(*(bindparam(c, type_=_usage.c[c].type) for c in _COLUMNS))
+
+
+_ADD = _upsert()  # built once: the statement runs at every settlement
 
 
 def hour_of(at: float) -> int:
@@ -78,7 +86,7 @@ async def record_settlement(
         "kudos_spent": charged,
         "kudos_earned": rewarded,
     }
-    await session.execute(_ADD[session.get_bind().dialect.name], values)
+    await session.execute(_ADD, values)
 
 
 async def trim(session: AsyncSession, now: float, keep_days: int) -> int:
