@@ -36,6 +36,7 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput, gone: asyncio.Ev
     try:
         popped = await dispatch.pop_job(horde, caller, body)
         while popped.offer is None:
+            waiters.waits(waiter)
             if not await waiter.wait(deadline - loop.time(), gone):
                 break
             popped = await dispatch.pop_job(horde, caller, body)

@@ -71,6 +71,7 @@ class Waiter:
     models: frozenset[str]
     event: asyncio.Event = field(default_factory=asyncio.Event)
     wakes: list[Wake] = field(default_factory=list)  # wake-ups it holds, not yet tried
+    found_nothing: bool = False  # its first try found no job: it waits (and is counted so)
 
     async def wait(self, seconds: float, gone: asyncio.Event) -> bool:
         """Wait until woken (True), `gone` is set or `seconds` pass (False)."""
@@ -110,19 +111,27 @@ class PopWaiters:
         self._ids = itertools.count(1)
         self._watcher: asyncio.Task[None] | None = None
         self._woke_lately: dict[str, float] = {}  # request id -> when this process woke for it
+        self._counted = 0
 
     def __len__(self) -> int:
-        return len(self._waiters)
+        """The pops waiting now: entered, and their first try found nothing."""
+        return self._counted
 
     # --- a waiting pop's side -----------------------------------------------------------------
 
     def enter(self, models: Iterable[str]) -> Waiter:
         waiter = Waiter(next(self._ids), frozenset(models))
         self._waiters[waiter.id] = waiter
-        self.metrics.pops_waiting.add(1)
         if self._changed is not None and (self._watcher is None or self._watcher.done()):
             self._watcher = asyncio.create_task(self._watch(), name="horde_lite-pop-watch")
         return waiter
+
+    def waits(self, waiter: Waiter) -> None:
+        """The pop's first try found nothing: from now on it waits."""
+        if not waiter.found_nothing:
+            waiter.found_nothing = True
+            self._counted += 1
+            self.metrics.pops_waiting.add(1)
 
     def tried(self, waiter: Waiter, jobs: int) -> None:
         """A woken waiter's new try took `jobs` jobs (0: found nothing): settle the wake-ups it held;
@@ -141,7 +150,9 @@ class PopWaiters:
         """The pop answers (or its client left): wake-ups it holds untried go on to others."""
         if self._waiters.pop(waiter.id, None) is None:
             return
-        self.metrics.pops_waiting.add(-1)
+        if waiter.found_nothing:
+            self._counted -= 1
+            self.metrics.pops_waiting.add(-1)
         wakes, waiter.wakes = waiter.wakes, []
         for wake in wakes:
             wake.holders -= 1
