@@ -34,6 +34,7 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput, gone: asyncio.Ev
     waiters = horde.pop_waiters
     waiter = waiters.enter(declared_models(body))
     try:
+        await waiters.watching()
         popped = await dispatch.pop_job(horde, caller, body)
         while popped.offer is None:
             waiters.waits(waiter)

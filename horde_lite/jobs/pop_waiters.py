@@ -90,7 +90,7 @@ class Waiter:
 
 
 # The watcher's read: (the change log's newest id, the requests changed since the id given).
-ChangedRequests = Callable[[int | None], Awaitable[tuple[int | None, list[JobsArrived] | None]]]
+ChangedRequests = Callable[[int | None], Awaitable[tuple[int, list[JobsArrived] | None]]]
 
 
 class PopWaiters:
@@ -110,6 +110,7 @@ class PopWaiters:
         self._waiters: dict[int, Waiter] = {}  # in the order they entered: the longest-waiting first
         self._ids = itertools.count(1)
         self._watcher: asyncio.Task[None] | None = None
+        self._watching = asyncio.Event()  # the watcher has read where the change log stands
         self._woke_lately: dict[str, float] = {}  # request id -> when this process woke for it
         self._counted = 0
 
@@ -123,8 +124,15 @@ class PopWaiters:
         waiter = Waiter(next(self._ids), frozenset(models))
         self._waiters[waiter.id] = waiter
         if self._changed is not None and (self._watcher is None or self._watcher.done()):
+            self._watching = asyncio.Event()
             self._watcher = asyncio.create_task(self._watch(), name="horde_lite-pop-watch")
         return waiter
+
+    async def watching(self) -> None:
+        """Return once the watcher has read where the change log stands: a pop's first try after
+        it cannot miss a job the watcher would then not see as new."""
+        if self._changed is not None:
+            await self._watching.wait()
 
     def waits(self, waiter: Waiter) -> None:
         """The pop's first try found nothing: from now on it waits."""
@@ -206,19 +214,24 @@ class PopWaiters:
     async def _watch(self) -> None:
         assert self._changed is not None
         last: int | None = None
+        first = True
         while self._waiters:
-            await asyncio.sleep(self.poll_seconds)
+            if not first:
+                await asyncio.sleep(self.poll_seconds)
             if self._channel_open():
                 last = None  # the channel tells; a later fallback starts from its own first read
-                continue
-            try:
-                last, arrived = await self._changed(last)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # the database is busy or away: the pops' bounds still end them
-                log.warning("waiting pops: the check for new jobs failed: %s", e)
-                continue
-            self._wake_changed(arrived)
+            else:
+                try:
+                    last, arrived = await self._changed(last)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # the database is busy or away: the pops' bounds still end them
+                    log.warning("waiting pops: the check for new jobs failed: %s", e)
+                else:
+                    self._wake_changed(arrived)
+            if first:
+                first = False
+                self._watching.set()
 
     def _wake_changed(self, arrived: list[JobsArrived] | None) -> None:
         horizon = time.monotonic() - 2 * self.poll_seconds - 1
@@ -262,14 +275,14 @@ _CHANGED = (
 
 async def changed_requests(
     reading: Callable[[], contextlib.AbstractAsyncContextManager[AsyncSession]], last: int | None
-) -> tuple[int | None, list[JobsArrived] | None]:
+) -> tuple[int, list[JobsArrived] | None]:
     """The watcher's check: the change log's newest id and, when it moved past `last`, the requests
     changed since that have a job to hand out (None: more than `WATCH_ROWS`). `reading`: the
     horde's read-only session (`Horde.reading`)."""
     async with reading() as session:
-        newest = (await session.execute(_NEWEST)).scalar()
-        if last is None or newest is None or newest <= last:
-            return (newest if newest is not None else last), []
+        newest = (await session.execute(_NEWEST)).scalar() or 0  # an empty log: nothing yet
+        if last is None or newest <= last:
+            return newest, []
         rows = (await session.execute(_CHANGED, {"after": last, "newest": newest})).all()
     if len(rows) > WATCH_ROWS:
         return newest, None
