@@ -24,6 +24,7 @@ from tests.conftest import is_postgres, make_settings
 from tests.support import prom
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served
+from tests.support.worker_rig import MODEL, running, sqlite_rig
 
 POP = "/api/v2/generate/text/pop"
 PATIENCE = 30.0  # a hang guard, not a speed check
@@ -260,3 +261,18 @@ async def test_a_client_that_leaves_claims_nothing(db_url: str, tmp_path: Path) 
                 await http.post(POP, json={**body, "wait_seconds": 0}, headers={"apikey": keys["volunteer"]})
             ).json()
             assert job["id"] is not None
+
+
+async def test_horde_lite_worker_waits_at_the_horde_and_is_woken(
+    tmp_path: Path, sqlite_template: Path
+) -> None:
+    """`horde-lite worker` asks to wait: a request created while it waits is taken by its woken pop
+    (counted by the horde as a woken try), not by a later poll after a back-off."""
+    async with sqlite_rig(tmp_path, sqlite_template) as rig, running(rig.worker("waiter", wait_seconds=20)):
+        await rig.online("waiter")
+        await _waiting_on(rig.horde_url, 1)
+        body = {"prompt": "Hi.", "models": [MODEL], "params": {"max_length": 16}}
+        created = (await rig.http.post("/api/v2/generate/text/async", json=body)).json()
+        assert (await rig.until_done(created["id"]))["done"] == 1
+        metrics = (await rig.http.get("/metrics")).text
+        assert prom.value(metrics, "horde_pop_woken_total", outcome="job") == 1
