@@ -276,3 +276,14 @@ async def test_horde_lite_worker_waits_at_the_horde_and_is_woken(
         assert (await rig.until_done(created["id"]))["done"] == 1
         metrics = (await rig.http.get("/metrics")).text
         assert prom.value(metrics, "horde_pop_woken_total", outcome="job") == 1
+
+
+async def test_the_schema_states_wait_seconds_in_the_pop_and_its_answer(client: HordeClient) -> None:
+    schema = (await client.http.get("/api/swagger.json")).json()
+    components = schema["components"]["schemas"]
+    body = next(c for name, c in components.items() if name.endswith("PopInput"))
+    expected = {"type": "integer", "minimum": 0, "maximum": 60, "default": 0}
+    assert body["properties"]["wait_seconds"] == expected
+    answer = components["GenerationPayloadKobold"]
+    assert answer["properties"]["wait_seconds"] == answer["properties"]["ttl"]  # an optional integer
+    assert "wait_seconds" not in answer.get("required", [])
