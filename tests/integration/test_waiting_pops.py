@@ -20,6 +20,7 @@ from horde_lite.clock import ManualClock
 from horde_lite.db.models import Generation, Worker
 from horde_lite.demo.server import make_users
 from horde_lite.jobs.pop_waiters import MARGIN
+from horde_lite.operators import horde_modes
 from tests.conftest import is_postgres, make_settings
 from tests.support import prom
 from tests.support.horde import ANON, HordeClient
@@ -124,6 +125,36 @@ async def test_many_waiters_one_job_one_gets_it_and_few_try(client: HordeClient)
     assert await count(client, Generation) == 1
 
 
+async def test_a_job_given_back_wakes_a_waiting_pop(client: HordeClient) -> None:
+    """A faulted job returns to its request (its worker's owner may not take it again): a waiting
+    pop of another owner is woken for it."""
+    first, second = await client.user("first"), await client.user("second")
+    created = (await client.create(ANON, models=["m"])).json()
+    job = (await client.pop(first, "w1", models=["m"])).json()
+    assert job["id"] is not None
+    pop = await pop_aside(client, second, "w2", models=["m"], wait_seconds=20)
+    await waiting(client, 1)
+    faulted = await client.submit(first, job["id"], state="faulted")
+    assert faulted.status_code == 200, faulted.text
+    answer = (await pop).json()
+    assert answer["id"] is not None
+    assert answer["id"] != job["id"]
+    assert (await client.status(created["id"])).json()["processing"] == 1
+
+
+async def test_a_switch_of_the_horde_modes_wakes_each_waiting_pop_once(client: HordeClient) -> None:
+    """Every pop reads the modes in force: a switch may free jobs a mode held back, so each waiting
+    pop tries once more (here it finds none and waits on to its bound)."""
+    key = await client.user("volunteer")
+    pop = await pop_aside(client, key, "w1", models=["m"], wait_seconds=2)
+    await waiting(client, 1)
+    await horde_modes.switch(client.horde, {"raid": True}, "test", "test")
+    assert (await pop).json()["id"] is None
+    metrics = await client.metrics()
+    assert prom.value(metrics, "horde_pop_wakeups_total", source="switch") == 1
+    assert prom.value(metrics, "horde_pop_woken_total", outcome="empty") == 1
+
+
 async def test_a_request_naming_no_model_wakes_any_waiter(client: HordeClient) -> None:
     key = await client.user("volunteer")
     pop = await pop_aside(client, key, "w1", models=["anything"], wait_seconds=20)
@@ -175,9 +206,9 @@ async def test_waiting_turned_off_horde_wide_answers_at_once_with_zero(db_url: s
 # --- real server processes -------------------------------------------------------------------------
 
 
-async def _waiting_on(base: str, count: int) -> None:
+async def _waiting_on(base: str, count: int, within: float = PATIENCE) -> None:
     async with httpx.AsyncClient(base_url=base, timeout=10) as http:
-        deadline = time.monotonic() + PATIENCE
+        deadline = time.monotonic() + within
         while True:
             if prom.value((await http.get("/metrics")).text, "horde_pop_waiting") == count:
                 return
@@ -246,7 +277,8 @@ async def test_a_client_that_leaves_claims_nothing(db_url: str, tmp_path: Path) 
         async with httpx.AsyncClient(base_url=one.base, timeout=1.0) as leaving:
             with pytest.raises(httpx.ReadTimeout):
                 await leaving.post(POP, json=body, headers={"apikey": keys["volunteer"]})
-        await _waiting_on(one.base, 0)  # the server saw the client go and stopped waiting
+        # The server saw the client go and stopped waiting, well before the pop's bound.
+        await _waiting_on(one.base, 0, within=10)
         async with httpx.AsyncClient(base_url=one.base, timeout=PATIENCE) as http:
             request = {"prompt": "Hi.", "models": ["m"]}
             answer = await http.post("/api/v2/generate/text/async", json=request, headers={"apikey": ANON})
