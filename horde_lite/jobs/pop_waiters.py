@@ -170,7 +170,8 @@ class PopWaiters:
 
     def jobs_arrived(self, arrived: JobsArrived, remote: bool) -> None:
         """`Notifier.on_jobs`: wake for `arrived`, from this process's commit or another's NOTIFY."""
-        if not remote:
+        if not remote and self._watcher is not None and not self._watcher.done():
+            # Only the watcher reads it, and prunes it at each check.
             self._woke_lately[arrived.request_id] = time.monotonic()
         self.wake(arrived.models, arrived.jobs, "remote" if remote else "local")
 
@@ -218,6 +219,8 @@ class PopWaiters:
         while self._waiters:
             if not first:
                 await asyncio.sleep(self.poll_seconds)
+            horizon = time.monotonic() - 2 * self.poll_seconds - 1
+            self._woke_lately = {k: at for k, at in self._woke_lately.items() if at >= horizon}
             if self._channel_open():
                 last = None  # the channel tells; a later fallback starts from its own first read
             else:
@@ -232,10 +235,9 @@ class PopWaiters:
             if first:
                 first = False
                 self._watching.set()
+        self._woke_lately.clear()
 
     def _wake_changed(self, arrived: list[JobsArrived] | None) -> None:
-        horizon = time.monotonic() - 2 * self.poll_seconds - 1
-        self._woke_lately = {k: at for k, at in self._woke_lately.items() if at >= horizon}
         if arrived is None:
             self.wake_all("poll")
             return
