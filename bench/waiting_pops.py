@@ -68,29 +68,26 @@ async def _round(
     return admitted, answered
 
 
-async def _herd(http: httpx.AsyncClient, base: str, key: str, waiters: int) -> tuple[float, float, float]:
+async def _herd(base: str, key: str, waiters: int) -> tuple[float, float, float]:
     """`waiters` pops wait; one request of one job: the time to its job's answer, and the woken
-    tries and wake-ups it cost."""
-    before = (await http.get(f"{base}/metrics")).text
-    pops = [
-        asyncio.create_task(
-            http.post(
-                f"{base}{POP}",
-                json={"name": f"h{i}", "models": ["m"], "wait_seconds": 8},
-                headers={"apikey": key},
-            )
-        )
-        for i in range(waiters)
-    ]
-    await _until_waiting(http, base, waiters)
-    sent = time.perf_counter()
-    await http.post(f"{base}{CREATE}", json={"prompt": "Hi.", "models": ["m"]})
-    first = None
-    for done in asyncio.as_completed(pops):
-        answer = (await done).json()
-        if answer.get("id") is not None and first is None:
-            first = time.perf_counter() - sent
-    after = (await http.get(f"{base}/metrics")).text
+    tries and wake-ups it cost. A client of its own: one connection per waiting pop."""
+    limits = httpx.Limits(max_connections=waiters + 8, max_keepalive_connections=0)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as http:
+        before = (await http.get("/metrics")).text
+        body = {"models": ["m"], "wait_seconds": 20}
+        pops = [
+            asyncio.create_task(http.post(POP, json={"name": f"h{i}", **body}, headers={"apikey": key}))
+            for i in range(waiters)
+        ]
+        await _until_waiting(http, base, waiters)
+        sent = time.perf_counter()
+        await http.post(CREATE, json={"prompt": "Hi.", "models": ["m"]})
+        first = None
+        for done in asyncio.as_completed(pops):
+            answer = (await done).json()
+            if answer.get("id") is not None and first is None:
+                first = time.perf_counter() - sent
+        after = (await http.get("/metrics")).text
     tries = _gauge(after, "horde_pop_woken_total") - _gauge(before, "horde_pop_woken_total")
     wakes = _gauge(after, "horde_pop_wakeups_total") - _gauge(before, "horde_pop_wakeups_total")
     return first or float("nan"), tries, wakes
@@ -114,9 +111,8 @@ async def run(db_url: str, rounds: int, waiters: int, workdir: Path) -> None:
     for server in servers:
         await server.start()
     one, other = (s.base_url for s in servers)
-    limits = httpx.Limits(max_connections=waiters + 16)
     try:
-        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+        async with httpx.AsyncClient(timeout=60) as http:
             await asyncio.sleep(1.0)  # the listeners connect after the heartbeat answers
             kind = "PostgreSQL" if is_postgres(db_url) else "SQLite"
             for label, create_base in (("same process", one), ("other process", other)):
@@ -128,7 +124,7 @@ async def run(db_url: str, rounds: int, waiters: int, workdir: Path) -> None:
                 print(f"{kind}, request created in the {label}, {rounds} rounds:")
                 print(f"  request's own answer:       {_ms(admitted)}")
                 print(f"  waiting pop's answer (job): {_ms(answered)}")
-            first, tries, wakes = await _herd(http, one, key, waiters)
+            first, tries, wakes = await _herd(one, key, waiters)
             print(
                 f"{kind}, {waiters} pops waiting on one process, one request of one job: the job "
                 f"answered after {first * 1000:.1f} ms; {wakes:.0f} pops woken, {tries:.0f} woken tries"
