@@ -41,8 +41,9 @@ JOBS_CHANNEL = "horde_lite_jobs"
 _PENDING = "horde_lite.notify_on_commit"
 _PENDING_JOBS = "horde_lite.jobs_on_commit"
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
-# The jobs channel's own statement text, so a statement log tells the two channels apart.
-_NOTIFY_JOBS = text(f"SELECT pg_notify('{JOBS_CHANNEL}', :payload)")
+# The jobs channel's own statement, one for a transaction's every payload (a sweep may give back
+# hundreds of jobs in one); its own text, so a statement log tells the two channels apart.
+_NOTIFY_JOBS = text(f"SELECT pg_notify('{JOBS_CHANNEL}', p) FROM unnest(CAST(:payloads AS text[])) AS p")
 # PostgreSQL refuses a payload of 8000 bytes or more: a longer models list is sent as none (any
 # model), which wakes the same number of waiters, only less selectively.
 _JOBS_PAYLOAD_MOST = 7000
@@ -116,8 +117,7 @@ class Notifier:
         pending.setdefault(self, []).append(JobsArrived(request_id, tuple(models), jobs))
 
     def _publish_jobs(self, session: Session, arrived: list[JobsArrived]) -> None:
-        for one in arrived:
-            session.execute(_NOTIFY_JOBS, {"payload": one.payload(self.token)})
+        session.execute(_NOTIFY_JOBS, {"payloads": [one.payload(self.token) for one in arrived]})
 
     def jobs_arrived(self, arrived: JobsArrived, *, remote: bool) -> None:
         if self.on_jobs is not None and arrived.jobs > 0:
