@@ -105,6 +105,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             if left := await horde.drain(within=DRAIN_SECONDS):
                 log.warning("stopping with %d detached database task(s) still running", left)
             await policy_watch.stop()
+            await horde.pop_waiters.stop()
             if listener is not None:
                 await listener.stop()
             if sweeper is not None:

@@ -78,6 +78,10 @@ class ChatBlock(_In, forbid_unknown_fields=True):
     image_transports: list[Literal["url", "base64"]] = []
 
 
+# The longest pop wait a body may ask for, and so the most `[pops] wait_max_seconds` may allow.
+MAX_POP_WAIT_SECONDS = 60
+
+
 class PopInput(_In):
     name: Annotated[
         str, msgspec.Meta(min_length=1, max_length=100, extra_json_schema={"pattern": _NAME_PATTERN})
@@ -92,6 +96,9 @@ class PopInput(_In):
     priority_usernames: list[Username] = []
     softprompts: list[ShortText] = []
     chat: ChatBlock | None = None
+    # A long poll: with no job, wait up to this many seconds for one (0: answer at once, as
+    # upstream). `[pops] wait_max_seconds` caps it horde-wide.
+    wait_seconds: Annotated[int, msgspec.Meta(ge=0, le=MAX_POP_WAIT_SECONDS)] = 0
 
 
 class KoboldParams(_In):

@@ -54,7 +54,9 @@ __all__ = [
     "SHADOW_OUTCOMES",
     "SIZE_BUCKETS",
     "UNMATCHED_ROUTE",
+    "WAKE_SOURCES",
     "WEBHOOK_OUTCOMES",
+    "WOKEN_OUTCOMES",
     "WORKER_KINDS",
     "AllowanceOutcome",
     "Attributes",
@@ -66,7 +68,9 @@ __all__ = [
     "ShadowOutcome",
     "SizeBucket",
     "WaitingCount",
+    "WakeSource",
     "WebhookOutcome",
+    "WokenOutcome",
     "WorkerKind",
     "allowance_attributes",
     "http_attributes",
@@ -77,7 +81,9 @@ __all__ = [
     "shadow_outcome_attributes",
     "size_bucket",
     "wait_attributes",
+    "wake_attributes",
     "webhook_attributes",
+    "woken_attributes",
 ]
 
 METER_NAME: Final = "horde_lite"
@@ -253,6 +259,30 @@ def webhook_attributes(outcome: WebhookOutcome) -> Attributes:
     """Attributes of a `horde.webhook.outcomes` record."""
     _check(outcome, _WEBHOOK_OUTCOME_SET, "webhook outcome")
     return {_WEBHOOK_OUTCOME: outcome}
+
+
+# Where a waiting pop's wake-up came from: this process's commit (local), another process's NOTIFY
+# (remote), the watcher that re-checks the database where no channel says (poll), a switch of
+# the horde's policies or modes (switch), or a woken pop that found nothing handing it on (handed).
+WakeSource = Literal["local", "remote", "poll", "switch", "handed"]
+WAKE_SOURCES: Final[tuple[WakeSource, ...]] = get_args(WakeSource)
+_WAKE_SOURCE_SET: Final[frozenset[str]] = frozenset(WAKE_SOURCES)
+# How a woken pop's new try ended: with a job, or with nothing (another took it, or a rule refused).
+WokenOutcome = Literal["job", "empty"]
+WOKEN_OUTCOMES: Final[tuple[WokenOutcome, ...]] = get_args(WokenOutcome)
+_WOKEN_OUTCOME_SET: Final[frozenset[str]] = frozenset(WOKEN_OUTCOMES)
+
+
+def wake_attributes(source: WakeSource) -> Attributes:
+    """Attributes of a `horde.pop.wakeups` record."""
+    _check(source, _WAKE_SOURCE_SET, "wake source")
+    return {"source": source}
+
+
+def woken_attributes(outcome: WokenOutcome) -> Attributes:
+    """Attributes of a `horde.pop.woken` record."""
+    _check(outcome, _WOKEN_OUTCOME_SET, "woken pop outcome")
+    return {"outcome": outcome}
 
 
 def http_attributes(route: str | None, method: str, status: int) -> Attributes:
@@ -447,6 +477,24 @@ class Metrics:
         )
         for outcome in WEBHOOK_OUTCOMES:  # every outcome present, at 0, from start-up
             self.webhook_outcomes.add(0, webhook_attributes(outcome))
+        self.pops_waiting = meter.create_up_down_counter(
+            "horde.pop.waiting", unit="{pop}", description="Pops waiting for a job now (this process)."
+        )
+        self.pops_waiting.add(0)
+        self.pop_wakeups = meter.create_counter(
+            "horde.pop.wakeups",
+            unit="{wakeup}",
+            description="Waiting pops woken to try again, by where the wake-up came from.",
+        )
+        for source in WAKE_SOURCES:
+            self.pop_wakeups.add(0, wake_attributes(source))
+        self.pops_woken = meter.create_counter(
+            "horde.pop.woken",
+            unit="{pop}",
+            description="Tries of woken pops, by outcome (job: answered with a job by the wake-up).",
+        )
+        for outcome in WOKEN_OUTCOMES:
+            self.pops_woken.add(0, woken_attributes(outcome))
         self.http_request_duration = meter.create_histogram(
             "http.server.request.duration",
             unit="s",

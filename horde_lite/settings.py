@@ -20,7 +20,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError
 
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
-from horde_lite.inputs import DEFAULT_MAX_LENGTH_LIMIT
+from horde_lite.inputs import DEFAULT_MAX_LENGTH_LIMIT, MAX_POP_WAIT_SECONDS
 from horde_lite.policies.kinds import PolicyKind
 
 ENV_PREFIX = "HORDE_LITE_"
@@ -473,6 +473,22 @@ class WebhookSettings(_Table):
             raise ValueError("[webhooks] needs queue_size between 1 and 100000 and senders between 1 and 64")
 
 
+class PopSettings(_Table):
+    """Waiting pops: a pop that finds no job may wait for one (docs/reference/horde_api.md)."""
+
+    # The longest a pop waits for a job, whatever its `wait_seconds` asks; 0 turns waiting off.
+    wait_max_seconds: int = 20
+    # How often a process with waiting pops checks the database for new jobs where no
+    # cross-process channel tells it (SQLite shared by processes, PostgreSQL's listener down).
+    wait_poll_seconds: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.wait_max_seconds <= MAX_POP_WAIT_SECONDS:
+            raise ValueError(f"[pops] wait_max_seconds must be between 0 (off) and {MAX_POP_WAIT_SECONDS}")
+        if not 0.05 <= self.wait_poll_seconds <= 60:
+            raise ValueError("[pops] wait_poll_seconds must be between 0.05 and 60")
+
+
 class Settings(_Table):
     database: DatabaseSettings = msgspec.field(default_factory=DatabaseSettings)
     http: HttpSettings = msgspec.field(default_factory=HttpSettings)
@@ -494,6 +510,7 @@ class Settings(_Table):
     usage: UsageSettings = msgspec.field(default_factory=UsageSettings)
     moderation: ModerationSettings = msgspec.field(default_factory=ModerationSettings)
     webhooks: WebhookSettings = msgspec.field(default_factory=WebhookSettings)
+    pops: PopSettings = msgspec.field(default_factory=PopSettings)
 
 
 class SettingsError(Exception):

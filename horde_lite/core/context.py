@@ -19,6 +19,7 @@ from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read, make_sessionmaker
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.filters.cache import FilterCache
+from horde_lite.jobs.pop_waiters import PopWaiters, changed_requests
 from horde_lite.metrics import Metrics
 from horde_lite.operators.ip_cache import LiveTimeouts
 from horde_lite.policies.registry import Policies
@@ -54,6 +55,8 @@ class Horde:
     filters: FilterCache = field(default_factory=FilterCache, repr=False)
     # Requests' webhooks, sent in the background after their submits commit.
     webhooks: WebhookDeliveries = field(init=False, repr=False)
+    # This process's waiting pops, woken through the notifier (jobs/pop_waiters.py).
+    pop_waiters: PopWaiters = field(init=False, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 
@@ -64,6 +67,13 @@ class Horde:
             self.sizes = ModelSizes.from_settings(self.settings.kudos)
         self.webhooks = WebhookDeliveries(self.settings.webhooks, self.metrics)
         sqlite = self.engine.dialect.name == "sqlite"
+        self.pop_waiters = PopWaiters(
+            self.metrics,
+            self.settings.pops.wait_poll_seconds,
+            changed=lambda last: changed_requests(self.reading, last),
+            channel_open=lambda: not sqlite and self.notifier.listening.is_set(),
+        )
+        self.notifier.on_jobs = self.pop_waiters.jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
 
     def rules(self, now: float) -> Rules:

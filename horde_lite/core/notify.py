@@ -9,15 +9,23 @@ request again": the database stays the source of truth.
   its own waiters; it skips its own notifications, already delivered in process.
 - SQLite has no such channel: processes sharing one file see each other's changes at the waiters'
   slow poll (`chat.poll_seconds`), which also covers a PostgreSQL listener that is reconnecting.
+
+Waiting pops (jobs/pop_waiters.py) are woken the same way when jobs may have become available
+(`jobs_on_commit`: a request admitted, a job given back): in process after the commit, across
+processes by `NOTIFY horde_lite_jobs` on the same LISTEN connection, its payload carrying what the
+wake needs (the request's models and its number of jobs), so other processes wake selectively too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import uuid
 from collections import defaultdict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -29,8 +37,43 @@ from sqlalchemy.orm import Session
 log = logging.getLogger("horde_lite.notify")
 
 CHANNEL = "horde_lite_requests"
+JOBS_CHANNEL = "horde_lite_jobs"
 _PENDING = "horde_lite.notify_on_commit"
+_PENDING_JOBS = "horde_lite.jobs_on_commit"
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
+# The jobs channel's own statement, one for a transaction's every payload (a sweep may give back
+# hundreds of jobs in one); its own text, so a statement log tells the two channels apart.
+_NOTIFY_JOBS = text(f"SELECT pg_notify('{JOBS_CHANNEL}', p) FROM unnest(CAST(:payloads AS text[])) AS p")
+# PostgreSQL refuses a payload of 8000 bytes or more: a longer models list is sent as none (any
+# model), which wakes the same number of waiters, only less selectively.
+_JOBS_PAYLOAD_MOST = 7000
+
+
+@dataclass(frozen=True, slots=True)
+class JobsArrived:
+    """Jobs that may be taken now: `jobs` of request `request_id`, which asks for `models` (empty:
+    any model serves it)."""
+
+    request_id: str
+    models: tuple[str, ...]
+    jobs: int
+
+    def payload(self, token: str) -> str:
+        body = json.dumps([self.request_id, self.jobs, list(self.models)], separators=(",", ":"))
+        if len(body.encode()) > _JOBS_PAYLOAD_MOST:
+            body = json.dumps([self.request_id, self.jobs, []], separators=(",", ":"))
+        return f"{token}:{body}"
+
+    @staticmethod
+    def parse(body: str) -> JobsArrived | None:
+        """A payload's body as `payload` wrote it (None: not one)."""
+        try:
+            request_id, jobs, models = json.loads(body)
+        except (ValueError, TypeError):
+            return None
+        if not isinstance(request_id, str) or not isinstance(jobs, int) or not isinstance(models, list):
+            return None
+        return JobsArrived(request_id, tuple(m for m in models if isinstance(m, str)), max(0, jobs))
 
 
 class Notifier:
@@ -40,6 +83,8 @@ class Notifier:
         self.token = uuid.uuid4().hex[:16]
         # Set while a PgListener of this process is listening (tests wait for it).
         self.listening = asyncio.Event()
+        # Told of jobs that may be taken now (the waiting pops' registry): (what, from another process).
+        self.on_jobs: Callable[[JobsArrived, bool], None] | None = None
 
     def subscribe(self, key: str) -> asyncio.Event:
         waiter = asyncio.Event()
@@ -62,6 +107,28 @@ class Notifier:
         pending: dict[Notifier, dict[str, bool]] = session.info.setdefault(_PENDING, {})
         keys = pending.setdefault(self, {})
         keys[key] = keys.get(key, False) or remote
+
+    def jobs_on_commit(
+        self, session: AsyncSession, request_id: str, models: Sequence[str], jobs: int
+    ) -> None:
+        """Tell the waiting pops, here and in every process, that `jobs` of the request may be
+        taken, when this session's transaction commits. `models`: the request's (empty: any)."""
+        pending: dict[Notifier, list[JobsArrived]] = session.info.setdefault(_PENDING_JOBS, {})
+        pending.setdefault(self, []).append(JobsArrived(request_id, tuple(models), jobs))
+
+    def _publish_jobs(self, session: Session, arrived: list[JobsArrived]) -> None:
+        session.execute(_NOTIFY_JOBS, {"payloads": [one.payload(self.token) for one in arrived]})
+
+    def jobs_arrived(self, arrived: JobsArrived, *, remote: bool) -> None:
+        if self.on_jobs is not None and arrived.jobs > 0:
+            self.on_jobs(arrived, remote)
+
+    def received_jobs(self, payload: str) -> None:
+        """A jobs notification from the database: tell the waiting pops unless it is our own."""
+        token, _, body = payload.partition(":")
+        arrived = JobsArrived.parse(body) if token != self.token else None
+        if arrived is not None:
+            self.jobs_arrived(arrived, remote=True)
 
     def _publish(self, session: Session, keys: dict[str, bool]) -> None:
         # Inside the committing transaction: delivered to the listeners only if it commits.
@@ -89,9 +156,12 @@ class Notifier:
 @event.listens_for(Session, "before_commit")
 def _publish_pending(session: Session) -> None:
     pending: dict[Notifier, dict[str, bool]] | None = session.info.get(_PENDING)
-    if pending and session.get_bind().dialect.name == "postgresql":
-        for notifier, keys in pending.items():
+    jobs: dict[Notifier, list[JobsArrived]] | None = session.info.get(_PENDING_JOBS)
+    if (pending or jobs) and session.get_bind().dialect.name == "postgresql":
+        for notifier, keys in (pending or {}).items():
             notifier._publish(session, keys)
+        for notifier, arrived in (jobs or {}).items():
+            notifier._publish_jobs(session, arrived)
 
 
 @event.listens_for(Session, "after_commit")
@@ -100,16 +170,22 @@ def _wake_pending(session: Session) -> None:
     for notifier, keys in (pending or {}).items():
         for key in keys:
             notifier.notify(key)
+    jobs: dict[Notifier, list[JobsArrived]] | None = session.info.pop(_PENDING_JOBS, None)
+    for notifier, arrived in (jobs or {}).items():
+        for one in arrived:
+            notifier.jobs_arrived(one, remote=False)
 
 
 @event.listens_for(Session, "after_rollback")
 def _drop_pending(session: Session) -> None:
     session.info.pop(_PENDING, None)
+    session.info.pop(_PENDING_JOBS, None)
 
 
 class PgListener:
-    """This process's one LISTEN connection. It reconnects after a failure (waking every waiter,
-    which may have missed a notification meanwhile) and checks the connection while idle."""
+    """This process's one LISTEN connection, on both channels. It reconnects after a failure (waking
+    every waiter, which may have missed a notification meanwhile) and checks the connection while
+    idle."""
 
     def __init__(self, notifier: Notifier, url: str, *, check_seconds: float = 30.0) -> None:
         self.notifier = notifier
@@ -130,6 +206,9 @@ class PgListener:
     def _on_notification(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
         self.notifier.received(payload)
 
+    def _on_jobs(self, _conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        self.notifier.received_jobs(payload)
+
     async def _run(self) -> None:
         while True:
             try:
@@ -146,6 +225,7 @@ class PgListener:
         try:
             conn.add_termination_listener(lambda _c: lost.set())
             await conn.add_listener(CHANNEL, self._on_notification)
+            await conn.add_listener(JOBS_CHANNEL, self._on_jobs)
             self.notifier.listening.set()
             self.notifier.notify_all()
             while not lost.is_set():

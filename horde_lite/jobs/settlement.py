@@ -89,6 +89,8 @@ async def give_back(
         await maybe_finish(session, request)
         return
     request.n_remaining += 1  # with none left before, its entries come back at its old place
+    models = [] if request.any_model else request.models
+    horde.notifier.jobs_on_commit(session, request.id, models, 1)  # a waiting pop may take it again
 
 
 async def shadow_outcome(

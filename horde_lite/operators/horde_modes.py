@@ -116,6 +116,7 @@ async def apply(horde: Horde) -> bool:
     if found.version == current.version:
         return False
     horde.modes = found  # one assignment: a call that read the old modes keeps them to its end
+    horde.pop_waiters.wake_all()  # a mode switched off may free jobs for waiting pops
     on = [mode for mode in MODES if getattr(found, mode)]
     log.warning("horde modes in process %d: %s (version %d -> %d)", os.getpid(),
                 ", ".join(on) or "none on", current.version, found.version)  # fmt: skip

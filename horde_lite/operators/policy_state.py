@@ -246,6 +246,8 @@ async def apply_changes(horde: Horde, failed: dict[str, int] | None = None) -> l
     if built or versions != current.versions:
         # One assignment: a request that read the old object keeps it to its end.
         horde.policies = replace(current, names=names, options=options, versions=versions, **built)
+    if switched:
+        horde.pop_waiters.wake_all()  # a new gate may let waiting pops take jobs refused before
     return switched
 
 

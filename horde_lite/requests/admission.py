@@ -495,6 +495,8 @@ async def admit(
             adjustments, warnings,
         )  # fmt: skip
     await _insert(session, row)
+    # Waiting pops that may take its jobs try again once it commits (jobs/pop_waiters.py).
+    horde.notifier.jobs_on_commit(session, row.id, [] if row.any_model else row.models, row.n_remaining)
     if counted:
         await limits.note_admission(session, spec.requester, row.id, reserved, now)
     shared = spec.requester.shared_key

@@ -94,6 +94,13 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
     show_default=True,
     help="On SIGINT/SIGTERM, how long jobs in hand may run before they are faulted.",
 )
+@click.option(
+    "--wait-seconds",
+    type=click.IntRange(0, 60),
+    default=20,
+    show_default=True,
+    help="How long a pop may wait at the horde for a job (0: answered at once, then back-off).",
+)
 @click.option("--verbose", is_flag=True, help="Log HTTP requests too.")
 def worker(
     horde_url: str,
@@ -118,6 +125,7 @@ def worker(
     backend_timeout: float,
     progress_interval: float,
     drain_seconds: float,
+    wait_seconds: int,
     verbose: bool,
 ) -> None:
     if (backend_url is None) == (simulate is None):
@@ -144,6 +152,7 @@ def worker(
         priority_usernames=list(priority_usernames),
         progress_interval=progress_interval,
         drain_seconds=drain_seconds,
+        wait_seconds=wait_seconds,
     )
     logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr, force=True)
     if not verbose:

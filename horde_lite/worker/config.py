@@ -31,6 +31,8 @@ class WorkerConfig:
     priority_usernames: list[str] = field(default_factory=list)
     progress_interval: float = 0.3  # at most ~3 progress posts a second per job
     drain_seconds: float = 30.0  # on SIGINT/SIGTERM, jobs in hand get this long, then are faulted
+    # A pop with no job waits up to this long for one, where the horde offers waiting (0: never).
+    wait_seconds: int = 20
     handle_signals: bool = True
 
 
@@ -56,6 +58,8 @@ def declarations(config: WorkerConfig, found: Discovered) -> dict[str, Any]:
         "bridge_agent": BRIDGE_AGENT,
         "priority_usernames": config.priority_usernames,
     }
+    if config.wait_seconds > 0:  # absent, the pop is upstream's: answered at once
+        body["wait_seconds"] = config.wait_seconds
     if config.chat:
         body["chat"] = {
             "max_completion_tokens": config.max_completion_tokens or body["max_length"],

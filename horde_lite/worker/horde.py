@@ -22,6 +22,8 @@ log = logging.getLogger("horde_lite.worker")
 
 SUBMIT_DELAYS = (1.0, 2.0, 4.0, 8.0, 15.0, 15.0, 15.0)  # ~60 s, well inside a job's lease
 PROGRESS_DELAYS = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0)  # ~16 s: a progress post extends the lease by 30 s
+# A waiting pop's answer may take its whole wait: its timeout is the wait and this much more.
+POP_WAIT_SLACK = 15.0
 
 
 class HordeUnreachable(Exception):
@@ -47,6 +49,7 @@ def api_base(url: str) -> str:
 class HordeAPI:
     def __init__(self, url: str, key: str, timeout: float = 30.0) -> None:
         self.base = api_base(url)
+        self.timeout = timeout
         self.http = httpx.AsyncClient(
             base_url=self.base,
             headers={"apikey": key, "Client-Agent": f"horde-lite-worker:{__version__}:unknown"},
@@ -54,9 +57,9 @@ class HordeAPI:
         )
         self.submitted: dict[str, None] = {}  # ids submitted, newest last (bounded)
 
-    async def _once(self, path: str, body: dict[str, Any]) -> Any:
+    async def _once(self, path: str, body: dict[str, Any], answer_within: float | None = None) -> Any:
         try:
-            response = await self.http.post(path, json=body)
+            response = await self.http.post(path, json=body, timeout=answer_within or self.timeout)
         except httpx.HTTPError as e:
             raise HordeUnreachable(f"POST {path}: {type(e).__name__}: {e}") from e
         if response.status_code >= 500:
@@ -84,7 +87,9 @@ class HordeAPI:
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def pop(self, body: dict[str, Any]) -> dict[str, Any]:
-        answer = await self._once("/generate/text/pop", body)
+        waits = body.get("wait_seconds")
+        timeout = max(self.timeout, waits + POP_WAIT_SLACK) if isinstance(waits, int) else None
+        answer = await self._once("/generate/text/pop", body, timeout)
         return answer if isinstance(answer, dict) else {}
 
     async def progress(self, body: dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,11 @@
 """The pop loop: `threads` slots each popping and running one job at a time.
 
-- Idle back-off: an empty pop waits 0.5 s, then 1.5 times longer each time, never more than 15 s;
-  after a job the slot pops again at once.
+- Waiting pops: each pop asks the horde to wait for a job (`wait_seconds`); when the answer says
+  the horde waited (its `wait_seconds` > 0), an empty answer is followed by the next pop at once.
+  A stop ends a waiting pop at once (the horde claims nothing for a pop whose client has gone).
+- Idle back-off, against a horde that does not wait (upstream's, or waiting turned off): an empty
+  pop waits 0.5 s, then 1.5 times longer each time, never more than 15 s; after a job the slot
+  pops again at once.
 - The horde unreachable: the same back-off, one log line per outage. A 4xx on pop (a bad key, a
   name owned by someone else, a declaration the horde refuses) stops the worker with its message.
 - The backend down: popping pauses (every slot), one monitor checks the backend with back-off and
@@ -31,6 +35,12 @@ FIRST_IDLE_WAIT = 0.5
 IDLE_GROWTH = 1.5
 MAX_WAIT = 15.0  # never more than this between two pops (or two backend checks)
 SEEN_MESSAGES = 1000  # message ids remembered, so each is logged once
+
+
+def _horde_waited(answer: dict[str, Any]) -> bool:
+    """The pop's answer says the horde waited for a job before answering empty."""
+    waited = answer.get("wait_seconds")
+    return isinstance(waited, int) and not isinstance(waited, bool) and waited > 0
 
 
 def printable(text: str) -> str:
@@ -164,7 +174,7 @@ class Worker:
                 await self._until_backend_or_stop()
                 continue
             try:
-                job = await self.api.pop(self.body)
+                job = await self._pop_unless_stopping()
             except HordeUnreachable as e:
                 if not horde_down:
                     log.warning(
@@ -181,10 +191,13 @@ class Worker:
             if horde_down:
                 log.info("%s: the horde answers again", self.config.name)
                 horde_down = False
+            if job is None:  # stopped while the pop waited
+                return
             self._log_messages(job.get("messages"))
             if not job.get("id"):
-                await self._sleep(idle)
-                idle = min(idle * IDLE_GROWTH, MAX_WAIT)
+                if not _horde_waited(job):
+                    await self._sleep(idle)
+                    idle = min(idle * IDLE_GROWTH, MAX_WAIT)
                 continue
             idle = FIRST_IDLE_WAIT  # fast polling after a job
             if self.stopping.is_set():  # popped while the stop came in: give it back at once
@@ -192,6 +205,22 @@ class Worker:
                 await self.jobs.fault([str(i) for i in job.get("ids") or [job["id"]]])
                 return
             await self._run(job)
+
+    async def _pop_unless_stopping(self) -> dict[str, Any] | None:
+        """One pop; None when the worker stops first (a waiting pop is then given up: the horde
+        claims nothing for a pop whose client has gone)."""
+        popping = asyncio.ensure_future(self.api.pop(self.body))
+        stopped = asyncio.ensure_future(self.stopping.wait())
+        try:
+            await asyncio.wait({popping, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopped.cancel()
+        if popping.done():
+            return popping.result()
+        popping.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await popping
+        return None
 
     def _log_messages(self, messages: object) -> None:
         """Log each message the first time a pop hands it."""

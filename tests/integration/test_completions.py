@@ -14,6 +14,7 @@ import openai
 import pytest
 
 from horde_lite.clock import ManualClock
+from horde_lite.core.notify import JOBS_CHANNEL
 from horde_lite.settings import Settings
 from tests.conftest import is_postgres, make_settings
 from tests.support.chat import MODEL, Chat, ChatWorker, along, collect, in_background, open_chat, settled
@@ -346,11 +347,14 @@ async def test_only_requests_a_v1_client_waits_on_are_announced_across_processes
         with statements_sent(app.horde.engine) as sent:
             created = await app.hc.create(models=[MODEL], params={"max_length": 16})
             assert created.status_code == 202, created.text
+            # The admission tells the waiting pops of every process (jobs/pop_waiters.py), once.
+            assert len([s for s in sent if JOBS_CHANNEL in s.statement]) == 1
+            sent.clear()
             await serve_text(worker, "for the status route")
             assert [s for s in sent if "pg_notify" in s.statement] == []
             asking = await in_background(app.openai().completions.create(model=MODEL, prompt=PROMPT))
             await app.until_request()
             await serve_text(worker, "for the waiting client")
             assert (await settled(asking)).choices[0].text == "for the waiting client"
-        notified = [s for s in sent if "pg_notify" in s.statement]
+        notified = [s for s in sent if "pg_notify" in s.statement and JOBS_CHANNEL not in s.statement]
         assert len(notified) == 2  # its pop and its submit

@@ -3,6 +3,7 @@ operator's CLI would (users, kudos) through the same lifecycle functions."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import Any
 
@@ -107,6 +108,20 @@ class HordeClient:
             json={"id": gen_id, "generation": text, "state": "ok", **body},
             headers={"apikey": key},
         )
+
+    async def post_aside(self, path: str, key: str, body: dict[str, Any]) -> httpx.Response:
+        """POST through the app's ASGI transport from a worker thread: the app runs on the
+        client's portal, where this client's own awaits are serialized; calls made from several
+        threads at once run concurrently on the portal's event loop, like several real clients
+        (a waiting pop among them)."""
+
+        def post() -> httpx.Response:
+            request = httpx.Request("POST", f"{self.http.base_url}{path}", json=body, headers={"apikey": key})
+            response = self.http._transport.handle_request(request)  # type: ignore[attr-defined]
+            response.read()
+            return response
+
+        return await asyncio.to_thread(post)
 
     async def status(self, request_id: str) -> httpx.Response:
         return await self.http.get(f"/api/v2/generate/text/status/{request_id}")

@@ -66,6 +66,9 @@ OPERATIONAL_FAMILIES: dict[str, str] = {
     "horde_text_queued_tokens": "gauge",
     "horde_workers_online": "gauge",
     "horde_webhook_outcomes": "counter",
+    "horde_pop_waiting": "gauge",
+    "horde_pop_wakeups": "counter",
+    "horde_pop_woken": "counter",
 }
 
 

@@ -20,7 +20,9 @@ from horde_lite.metrics import (
     OTHER_MODELS,
     SECONDS_BUCKETS,
     SIZE_BUCKETS,
+    WAKE_SOURCES,
     WEBHOOK_OUTCOMES,
+    WOKEN_OUTCOMES,
     WORKER_KINDS,
     Metrics,
     OnlineCount,
@@ -271,13 +273,15 @@ def test_no_attribute_carries_an_unbounded_value(metrics: Metrics) -> None:
         | {"anonymous", "registered", "shared_key"}
         | set(JOB_EVENTS)
         | set(WEBHOOK_OUTCOMES)
+        | set(WOKEN_OUTCOMES)
+        | set(WAKE_SOURCES)
     )
     seen = 0
     for name, labels, _ in samples(_text(metrics)):
         if not name.startswith("horde_"):
             continue
         for key, label_value in labels.items():
-            if key.startswith("horde_") or key == "outcome":
+            if key.startswith("horde_") or key in ("outcome", "source"):
                 assert label_value in bounded, (name, key, label_value)
                 seen += 1
     assert seen > 0

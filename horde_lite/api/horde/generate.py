@@ -9,11 +9,12 @@ from __future__ import annotations
 from typing import Any, cast
 
 import msgspec
-from litestar import Response, delete, get, post
+from litestar import Request, Response, delete, get, post
 from litestar.openapi import ResponseSpec
 from litestar.params import FromPath, JSONBody
 from msgspec import UNSET
 
+from horde_lite.api import client_gone
 from horde_lite.api.address_guard import address_guard
 from horde_lite.api.deps import CallerDep, HordeDep
 from horde_lite.api.horde.schemas import (
@@ -33,7 +34,7 @@ from horde_lite.api.horde.schemas import (
     TextRequestInput,
 )
 from horde_lite.api.horde.worker_messages import pop_message
-from horde_lite.jobs import completion, dispatch
+from horde_lite.jobs import completion, dispatch, long_poll
 from horde_lite.requests import admission
 from horde_lite.requests import status as status_rules
 
@@ -99,13 +100,17 @@ def status_answer(status: status_rules.RequestStatus) -> RequestStatusKobold:
     )
 
 
-def pop_answer(popped: dispatch.Popped) -> GenerationPayloadKobold:
+def pop_answer(popped: dispatch.Popped, wait_seconds: int | None = None) -> GenerationPayloadKobold:
+    """`wait_seconds`: the wait applied, for a pop that asked to wait (None: it did not ask)."""
     offer = popped.offer
     messages = [pop_message(m) for m in popped.messages]
+    wait: int | Any = UNSET if wait_seconds is None else wait_seconds
     if offer is None:
         # `payload` is present (empty): the horde-sdk's model of this answer requires it.
         skipped = NoValidRequestFoundKobold(**popped.skipped)
-        return GenerationPayloadKobold(id=None, ids=[], payload={}, skipped=skipped, messages=messages)
+        return GenerationPayloadKobold(
+            id=None, ids=[], payload={}, skipped=skipped, messages=messages, wait_seconds=wait
+        )
     common: dict[str, Any] = {
         "id": offer.ids[0],
         "ids": offer.ids,
@@ -113,6 +118,7 @@ def pop_answer(popped: dispatch.Popped) -> GenerationPayloadKobold:
         "ttl": offer.ttl,
         "skipped": NoValidRequestFoundKobold(),
         "messages": messages,
+        "wait_seconds": wait,
     }
     if offer.is_chat:
         return GenerationPayloadKobold(**common, kind="chat", stream=offer.stream, payload=offer.chat or {})
@@ -151,8 +157,14 @@ async def cancel_request(request_id: FromPath[str], horde: HordeDep) -> RequestS
 
 
 @post("/generate/text/pop", status_code=200, guards=[address_guard])
-async def pop_job(data: JSONBody[PopInput], horde: HordeDep, caller: CallerDep) -> GenerationPayloadKobold:
-    return pop_answer(await dispatch.pop_job(horde, caller, data))
+async def pop_job(
+    data: JSONBody[PopInput], horde: HordeDep, caller: CallerDep, request: Request[Any, Any, Any]
+) -> GenerationPayloadKobold:
+    if not data.wait_seconds:  # upstream's pop: answered at once, in upstream's shape
+        return pop_answer(await dispatch.pop_job(horde, caller, data))
+    async with client_gone.watched(request) as gone:
+        popped = await long_poll.pop_job(horde, caller, data, gone)
+    return pop_answer(popped, long_poll.bound(horde.settings, data))
 
 
 @post("/generate/text/submit", status_code=200, guards=[address_guard])

@@ -155,6 +155,9 @@ class GenerationPayloadKobold(msgspec.Struct, kw_only=True):
     kind: Literal["text", "chat"] | UnsetType = UNSET
     stream: bool | UnsetType = UNSET
     softprompt: str | UnsetType | None = UNSET  # null on text jobs (softprompts are not served)
+    # A pop that asked to wait (`wait_seconds`): the wait applied, 0 when the horde does not wait.
+    # Absent for a pop that did not ask, as upstream answers it.
+    wait_seconds: int | UnsetType = UNSET
 
 
 class GenerationSubmitted(msgspec.Struct, kw_only=True):

@@ -23,6 +23,7 @@ from litestar import Request, Response
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, OpenAPIType, Operation, Schema
 from litestar.response import ServerSentEvent, ServerSentEventMessage
 
+from horde_lite.api.client_gone import disconnected
 from horde_lite.api.db_errors import database_unavailable
 from horde_lite.api.errors import openai_body
 from horde_lite.api.openai import schemas
@@ -100,18 +101,10 @@ async def respond(
     return ServerSentEvent(_events(horde, front, waiter, render), headers=headers)
 
 
-async def _disconnected(request: Req) -> None:
-    """Return when the client closes the connection (the body has been read already)."""
-    while True:
-        message = await request.receive()
-        if message["type"] == "http.disconnect":
-            return
-
-
 async def _unless_client_leaves(request: Req, horde: Horde, front: FrontRequest, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel the request instead."""
     task = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_disconnected(request))
+    watcher = asyncio.ensure_future(disconnected(request))
     try:
         await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except asyncio.CancelledError:  # the server is stopping or the connection was torn down
