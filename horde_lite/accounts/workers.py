@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from sqlalchemy import bindparam, delete, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, delete, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
@@ -121,6 +121,12 @@ _OWNER_AND_NAMED = (
 _OWNER_AND_WORKER = _OWNER_AND_NAMED.with_for_update(of=Worker)  # for the check-in that may write
 
 
+def owner_and_named_with(column: ColumnElement[Any]) -> Select[Any]:
+    """The unlocked statement of `owner_and_worker` with one more column, which may refer to the
+    worker's row (`Named.extra`); build it once and pass it as `statement`."""
+    return _OWNER_AND_NAMED.add_columns(column)
+
+
 @dataclass(frozen=True, slots=True)
 class Named:
     """A pop's owner and the worker it names, and whether the worker has an unexpired message."""
@@ -128,19 +134,29 @@ class Named:
     owner: User
     worker: Worker | None  # None: no worker of that name yet (a first pop), or not looked up
     has_messages: bool  # True also when not known (the pop then reads them)
+    extra: Any = None  # the column a caller's `statement` adds (`owner_and_named_with`)
 
 
 async def owner_and_worker(
-    session: AsyncSession, apikey: str | None, name: str, now: float, *, lock: bool = False
+    session: AsyncSession,
+    apikey: str | None,
+    name: str,
+    now: float,
+    *,
+    lock: bool = False,
+    statement: Select[Any] | None = None,
 ) -> Named | None:
     """The key's user and its named worker in one statement, the worker's row locked for a
     check-in (`lock`) or not (an idle pop's first read); None for the anonymous key or when either
-    is missing."""
+    is missing. `statement`: an unlocked read with one more column (`owner_and_named_with`)."""
     if is_anonymous_key(apikey):
         return None
     values = {"digest": hash_key(apikey), "key": worker_name_key(name), "now": now}
-    found = (await session.execute(_OWNER_AND_WORKER if lock else _OWNER_AND_NAMED, values)).one_or_none()
-    return None if found is None else Named(found[0], found[1], bool(found[2]))
+    chosen = statement if statement is not None else _OWNER_AND_WORKER if lock else _OWNER_AND_NAMED
+    found = (await session.execute(chosen, values)).one_or_none()
+    if found is None:
+        return None
+    return Named(found[0], found[1], bool(found[2]), found[3] if len(found) > 3 else None)
 
 
 async def authenticate_worker(session: AsyncSession, apikey: str | None, body: PopInput, now: float) -> Named:

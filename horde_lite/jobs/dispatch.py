@@ -8,7 +8,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from sqlalchemy import Select, and_, bindparam, case, func, insert, not_, or_, select, update
+from sqlalchemy import ColumnElement, Select, and_, bindparam, case, func, insert, not_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
 from sqlalchemy.orm.attributes import set_committed_value
@@ -20,6 +20,7 @@ from horde_lite.accounts.workers import (
     check_in,
     check_in_need,
     effective_speed,
+    owner_and_named_with,
     owner_and_worker,
     stamp_check_in,
 )
@@ -420,7 +421,7 @@ async def look(
     now = horde.clock.now()
     address = stored_address(caller.address)
     async with horde.reading() as session:
-        named = await owner_and_worker(session, caller.apikey, body.name, now)
+        named = await owner_and_worker(session, caller.apikey, body.name, now, statement=_LOOK)
         if named is None or named.worker is None:
             return None
         owner, worker = named.owner, named.worker
@@ -437,9 +438,11 @@ async def look(
                 has_messages=named.has_messages,
             )  # fmt: skip
         _count_pop(horde, in_force.policies, worker)
-        skipped = await skipped_reasons(session, horde, worker)
+        too_long, too_wide = divmod(int(named.extra), SKIPPED_SPLIT)
         return Popped(
-            offer=None, skipped=skipped, messages=await _messages(session, named.has_messages, worker, now)
+            offer=None,
+            skipped=_skipped_answer(too_long, too_wide),
+            messages=await _messages(session, named.has_messages, worker, now),
         )
 
 
@@ -498,31 +501,44 @@ async def skipped_reasons(session: AsyncSession, horde: Horde, worker: Worker) -
     }
     conn = await session.connection()  # a Core statement: the ORM has nothing to load
     too_long, too_wide = (await conn.execute(_SKIPPED, values)).one()
+    return _skipped_answer(too_long, too_wide)
+
+
+def _skipped_answer(too_long: int | None, too_wide: int | None) -> dict[str, int]:
     counts = {"max_length": int(too_long or 0), "max_context_length": int(too_wide or 0)}
     return {key: n for key, n in counts.items() if n}
 
 
-def _skipped() -> Select[Any]:
-    """Of the first 200 offered requests in queue order (through the queue's index), the legacy
-    ones longer than the worker accepts, and of the rest those wider than its context. Chat
-    requests are not counted: upstream's `skipped` has no key for them (its fields are Kobold's)."""
+SKIPPED_HEAD = 200  # the requests at the head of the queue that `skipped` counts over
+
+
+def _skipped(max_length: Any, max_context_length: Any) -> tuple[ColumnElement[Any], ColumnElement[Any]]:
+    """Of the first SKIPPED_HEAD offered requests in queue order (through the queue's index), the
+    legacy ones longer than `max_length`, and of the rest those wider than `max_context_length`.
+    Chat requests are not counted: upstream's `skipped` has no key for them (its fields are
+    Kobold's)."""
     r = TextRequest
     head = (
         select(r.max_length, r.max_context_length, r.is_chat)
         .where(*request_offered(r, NOW))  # type: ignore[arg-type]
         .order_by(r.effective_start, r.created_at, r.id)
-        .limit(200)
+        .limit(SKIPPED_HEAD)
         .subquery("head")
     )
-    longer = head.c.max_length > bindparam("max_length")
-    wider = and_(
-        head.c.max_length <= bindparam("max_length"),
-        head.c.max_context_length > bindparam("max_context_length"),
-    )
+    longer = head.c.max_length > max_length
+    wider = and_(head.c.max_length <= max_length, head.c.max_context_length > max_context_length)
     legacy = not_(head.c.is_chat)
-    return select(
-        func.sum(case((and_(legacy, longer), 1), else_=0)), func.sum(case((and_(legacy, wider), 1), else_=0))
-    )
+    too_long = func.sum(case((and_(legacy, longer), 1), else_=0))
+    return too_long, func.sum(case((and_(legacy, wider), 1), else_=0))
 
 
-_SKIPPED = _skipped()  # built once (see `built_once` in eligibility.py for why)
+# Built once (see `built_once` in eligibility.py for why). `_SKIPPED` counts for a worker's stored
+# lengths given as parameters; `_LOOK` is an idle pop's first statement, its owner and worker read
+# with the counts for that worker's row, so an idle pop answers without a statement of its own for
+# them: one number, too long x SKIPPED_SPLIT + too wide (each at most SKIPPED_HEAD).
+_SKIPPED = select(*_skipped(bindparam("max_length"), bindparam("max_context_length")))
+SKIPPED_SPLIT = SKIPPED_HEAD + 1
+_too_long, _too_wide = _skipped(Worker.max_length, Worker.max_context_length)
+_LOOK = owner_and_named_with(
+    select(func.coalesce(_too_long, 0) * SKIPPED_SPLIT + func.coalesce(_too_wide, 0)).scalar_subquery()
+)

@@ -1,0 +1,46 @@
+"""An idle pop (a known worker, nothing for it) is answered before any transaction, its `skipped`
+counts read with its owner and worker in one statement: the answer is the one the whole pop gives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tests.support.horde import ANON, HordeClient
+
+SMALL = {"max_length": 256, "max_context_length": 2048}
+
+
+async def _queue(client: HordeClient, too_long: int, too_wide: int) -> None:
+    rich = await client.user("rich", kudos=1_000_000)
+    for _ in range(too_long):  # too long and too wide: counted as too long only
+        await client.create(ANON, params={"max_length": 300, "max_context_length": 4096})
+    for _ in range(too_wide):
+        await client.create(ANON, params={"max_length": 100, "max_context_length": 4096})
+    chat = {"messages": [{"role": "user", "content": "Hi."}], "max_tokens": 300}
+    assert (await client.create(rich, chat=chat)).status_code == 202  # counted under neither
+
+
+async def _idle(client: HordeClient, key: str, name: str) -> dict[str, Any]:
+    answer = (await client.pop(key, name, **SMALL)).json()
+    assert answer["id"] is None
+    return answer
+
+
+async def test_an_idle_pop_of_a_known_worker_answers_as_a_first_pop(client: HordeClient) -> None:
+    key = await client.user("owner")
+    known = await _idle(client, key, "known")  # created: the whole pop
+    assert known == {"id": None, "ids": [], "payload": {}, "skipped": {}, "messages": []}
+    await _queue(client, too_long=3, too_wide=2)
+    idle = await _idle(client, key, "known")  # known, nothing to write: answered by the look
+    first = await _idle(client, key, "new")  # a first pop: counted in the pop's transaction
+    assert idle["skipped"] == first["skipped"] == {"max_length": 3, "max_context_length": 2}
+    assert idle == first
+
+
+async def test_an_idle_pop_counts_only_what_its_worker_is_too_small_for(client: HordeClient) -> None:
+    key = await client.user("owner")
+    await _idle(client, key, "known")
+    await _queue(client, too_long=0, too_wide=2)
+    assert (await _idle(client, key, "known"))["skipped"] == {"max_context_length": 2}
+    wide = (await client.pop(key, "known", max_length=256, max_context_length=4096)).json()
+    assert wide["id"] is not None  # its new declaration fits: the whole pop hands a job
