@@ -11,7 +11,7 @@ COPY pyproject.toml README.md litestar.toml ./
 COPY horde_lite ./horde_lite
 # The built-in policies' folder; pyproject.toml installs it as the package horde_lite_policies.
 COPY plugins ./plugins
-RUN pip install --no-cache-dir . \
+RUN pip install --no-cache-dir '.[redis]' \
     && useradd --system --uid 10001 --home-dir /app --shell /usr/sbin/nologin horde \
     && mkdir /data && chown horde /data
 
