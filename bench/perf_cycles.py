@@ -21,8 +21,7 @@ import httpx
 
 from bench.admission import BENCH_PG_DB, pct
 from bench.soak import set_up_users
-from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, server_env
-from horde_lite.db import migrate
+from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_bench_database, server_env
 from horde_lite.db.engine import make_engine
 
 MODEL = "bench/Cycle-8B"
@@ -209,14 +208,7 @@ async def run_cycles(db: str, pg_url: str, processes: int, worker_counts: list[i
     most = max(worker_counts)
     with tempfile.TemporaryDirectory(prefix="hl-perf-") as tmp:
         work = Path(tmp)
-        if db == "postgresql":
-            from sqlalchemy.engine import make_url
-
-            url = make_url(pg_url).set(database=BENCH_PG_DB).render_as_string(hide_password=False)
-            await fresh_postgres(url)
-        else:
-            url = f"sqlite+aiosqlite:///{work / 'cycles.db'}"
-        await asyncio.to_thread(migrate.upgrade, url)
+        url = await fresh_bench_database(db, pg_url, BENCH_PG_DB, work, "cycles.db")
         engine = make_engine(url)
         try:
             keys = await set_up_users(engine, most, most)

@@ -23,13 +23,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from sqlalchemy.engine import make_url
 
 from bench.admission import BENCH_PG_DB, DEFAULT_PG, pct
 from bench.perf_cycles import _cpu_seconds
 from bench.soak import set_up_users
-from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_postgres, server_env
-from horde_lite.db import migrate
+from bench.soak_servers import LIMITS_OFF, Server, free_port, fresh_bench_database, server_env
 from horde_lite.db.engine import make_engine
 
 WANTED, UNWANTED = "bench/Wanted-8B", "bench/Idle-8B"
@@ -56,12 +54,7 @@ async def _round(http: httpx.AsyncClient, server: Server, calls: int, call: Any)
 async def run(db: str, pg_url: str, pops: int, rounds: int, queued: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="hl-idle-") as tmp:
         work = Path(tmp)
-        if db == "postgresql":
-            url = make_url(pg_url).set(database=BENCH_PG_DB).render_as_string(hide_password=False)
-            await fresh_postgres(url)
-        else:
-            url = f"sqlite+aiosqlite:///{work / 'idle.db'}"
-        await asyncio.to_thread(migrate.upgrade, url)
+        url = await fresh_bench_database(db, pg_url, BENCH_PG_DB, work, "idle.db")
         engine = make_engine(url)
         try:
             keys = await set_up_users(engine, 1, 1)

@@ -21,6 +21,7 @@ import httpx
 import msgspec
 from sqlalchemy.engine import make_url
 
+from horde_lite.db import migrate
 from horde_lite.settings import Settings
 
 START_TIMEOUT = 60.0
@@ -37,6 +38,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind((LOOPBACK, 0))
         return int(s.getsockname()[1])
+
+
+async def fresh_bench_database(db: str, pg_url: str, database: str, work: Path, filename: str) -> str:
+    """A migrated, empty database for one bench run: `database` recreated on `pg_url`'s server
+    (`db` "postgresql"), else a SQLite file `filename` in `work`; its URL."""
+    if db == "postgresql":
+        url = make_url(pg_url).set(database=database).render_as_string(hide_password=False)
+        await fresh_postgres(url)
+    else:
+        url = f"sqlite+aiosqlite:///{work / filename}"
+    await asyncio.to_thread(migrate.upgrade, url)
+    return url
 
 
 async def fresh_postgres(url: str) -> None:
