@@ -41,7 +41,9 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput, gone: asyncio.Ev
             if not await waiter.wait(deadline - loop.time(), gone):
                 break
             popped = await dispatch.pop_job(horde, caller, body)
-            waiters.tried(waiter, len(popped.offer.ids) if popped.offer is not None else 0)
+            pending = waiters.tried(waiter, len(popped.offer.ids) if popped.offer is not None else 0)
+            if pending:  # another process's worker may have taken the job: hand on only if not
+                waiters.hand_on_open(pending, await waiters.still_open(horde.reading, pending))
         return popped
     finally:
         waiters.leave(waiter)

@@ -10,9 +10,9 @@ request's (a request naming no model matches every waiter), the longest-waiting 
 pop that finds nothing (another took the job, or a rule refuses this worker) hands the wake-up
 on to the next matching waiter that has not tried it, while fewer waiters hold it than it has
 jobs nobody took yet: a job nobody can take passes each waiter at most once per wake-up, and the
-margin's pops, once the jobs are taken, hand nothing on. The counts are this process's: a job
-taken by another process's worker still looks untaken here, so its wake-up may pass every
-matching waiter once (docs/decisions/0085-waiting-pops.md weighs this).
+margin's pops, once the jobs are taken, hand nothing on. The counts are this process's, so before
+a wake-up for a known request is handed on, one statement asks whether the request still has a
+job to hand out: a job taken by another process's worker ends the hand-on there.
 
 The watcher: where no cross-process channel exists (SQLite, whose processes may share one file;
 PostgreSQL while this process's listener is down), one task per process, running only while a
@@ -56,6 +56,7 @@ class Wake:
 
     models: frozenset[str]  # empty: any model
     untaken: int  # its jobs not yet taken by a pop it woke
+    request_id: str | None = None  # the request whose jobs it announces (None: several or unknown)
     holders: int = 0  # waiters woken by it that have not tried yet
     tried: set[int] = field(default_factory=set)  # waiters it was handed to
 
@@ -141,9 +142,11 @@ class PopWaiters:
             self._counted += 1
             self.metrics.pops_waiting.add(1)
 
-    def tried(self, waiter: Waiter, jobs: int) -> None:
+    def tried(self, waiter: Waiter, jobs: int) -> list[Wake]:
         """A woken waiter's new try took `jobs` jobs (0: found nothing): settle the wake-ups it held;
-        with nothing found, each is handed on (`_hand_on`)."""
+        with nothing found, each is handed on (`_hand_on`), except those of a known request, which
+        are returned: the caller asks the database whether the request still has a job
+        (`still_open`), then hands them on through `hand_on_open`."""
         self.metrics.pops_woken.add(1, woken_attributes(_outcome(jobs)))
         wakes, waiter.wakes = waiter.wakes, []
         for wake in wakes:
@@ -151,8 +154,38 @@ class PopWaiters:
             taken = min(jobs, wake.untaken)
             wake.untaken -= taken
             jobs -= taken
+        pending: list[Wake] = []
         for wake in wakes:
-            self._hand_on(wake)
+            if wake.untaken <= wake.holders:
+                continue
+            if wake.request_id is None:
+                self._hand_on(wake)
+            else:
+                pending.append(wake)
+        return pending
+
+    async def still_open(
+        self,
+        reading: Callable[[], contextlib.AbstractAsyncContextManager[AsyncSession]],
+        wakes: Sequence[Wake],
+    ) -> set[str]:
+        """Which of the wake-ups' requests still have a job to hand out (`reading`: the horde's
+        read-only session). A failed read counts them open: a hand-on costs a pop, never a job."""
+        ids = sorted({wake.request_id for wake in wakes if wake.request_id is not None})
+        try:
+            async with reading() as session:
+                return set((await session.execute(_OPEN, {"ids": ids})).scalars())
+        except Exception as e:
+            log.warning("waiting pops: could not check whether a request still has a job: %s", e)
+            return set(ids)
+
+    def hand_on_open(self, wakes: Sequence[Wake], open_ids: set[str]) -> None:
+        """Hand on the wake-ups whose request still has a job; the others end here."""
+        for wake in wakes:
+            if wake.request_id in open_ids:
+                self._hand_on(wake)
+            else:
+                wake.untaken = 0
 
     def leave(self, waiter: Waiter) -> None:
         """The pop answers (or its client left): wake-ups it holds untried go on to others."""
@@ -173,12 +206,14 @@ class PopWaiters:
         if not remote and self._watcher is not None and not self._watcher.done():
             # Only the watcher reads it, and prunes it at each check.
             self._woke_lately[arrived.request_id] = time.monotonic()
-        self.wake(arrived.models, arrived.jobs, "remote" if remote else "local")
+        self.wake(arrived.models, arrived.jobs, "remote" if remote else "local", arrived.request_id)
 
-    def wake(self, models: Sequence[str], jobs: int, source: WakeSource) -> None:
+    def wake(
+        self, models: Sequence[str], jobs: int, source: WakeSource, request_id: str | None = None
+    ) -> None:
         if not self._waiters or jobs <= 0:
             return
-        wake = Wake(frozenset(models), untaken=jobs)
+        wake = Wake(frozenset(models), untaken=jobs, request_id=request_id)
         self._hand(wake, jobs + MARGIN, source)
 
     def wake_all(self, source: WakeSource = "switch") -> None:
@@ -243,7 +278,7 @@ class PopWaiters:
             return
         for one in arrived:
             if one.request_id not in self._woke_lately:
-                self.wake(one.models, one.jobs, "poll")
+                self.wake(one.models, one.jobs, "poll", one.request_id)
 
     async def stop(self) -> None:
         if self._watcher is not None:
@@ -257,6 +292,9 @@ def _outcome(jobs: int) -> WokenOutcome:
     return "job" if jobs else "empty"
 
 
+# A request with a job to hand out, as the watcher and the hand-on read it.
+_HAS_JOB = (TextRequest.state == "waiting", TextRequest.n_remaining > 0)
+_OPEN = select(TextRequest.id).where(TextRequest.id.in_(bindparam("ids", expanding=True)), *_HAS_JOB)
 _NEWEST = select(func.max(change_log.change_log.c.id))
 _CHANGED = (
     select(TextRequest.id, TextRequest.any_model, TextRequest.models, TextRequest.n_remaining)
@@ -268,8 +306,7 @@ _CHANGED = (
                 change_log.change_log.c.id <= bindparam("newest"),
             )
         ),
-        TextRequest.state == "waiting",
-        TextRequest.n_remaining > 0,
+        *_HAS_JOB,
     )
     .limit(WATCH_ROWS + 1)
 )

@@ -17,6 +17,7 @@ from sqlalchemy import func, select
 
 from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
+from horde_lite.core.notify import JobsArrived
 from horde_lite.db.models import Generation, Worker
 from horde_lite.demo.server import make_users
 from horde_lite.jobs.pop_waiters import MARGIN
@@ -123,6 +124,24 @@ async def test_many_waiters_one_job_one_gets_it_and_few_try(client: HordeClient)
     tries = prom.value(metrics, "horde_pop_woken_total")
     assert 1 <= tries <= 1 + MARGIN < len(names)
     assert await count(client, Generation) == 1
+
+
+async def test_a_wake_up_for_a_job_another_process_took_is_not_handed_on(client: HordeClient) -> None:
+    key = await client.user("volunteer")
+    created = (await client.create(ANON, models=["m"])).json()
+    taken = await client.post_aside(POP, key, {"name": "taker", "models": ["m"]})
+    assert taken.json()["id"] is not None  # the request has no job left to hand out
+    names = [f"w{i}" for i in range(6)]
+    pops = [await pop_aside(client, key, name, models=["m"], wait_seconds=2) for name in names]
+    await waiting(client, len(names))
+    # Another process's announcement of that job, as the LISTEN connection delivers it.
+    client.horde.notifier.received_jobs(JobsArrived(created["id"], ("m",), 1).payload("another-process"))
+    answers = [(await pop).json() for pop in pops]
+    assert all(a["id"] is None for a in answers)
+    metrics = await client.metrics()
+    # The woken pops found nothing and the request has no job: nobody else was woken for it.
+    assert prom.value(metrics, "horde_pop_woken_total") == 1 + MARGIN < len(names)
+    assert prom.value(metrics, "horde_pop_wakeups_total", source="handed") == 0
 
 
 async def test_a_job_given_back_wakes_a_waiting_pop(client: HordeClient) -> None:
