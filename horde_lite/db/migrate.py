@@ -20,7 +20,7 @@ MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "horde_lite_alembic_version"
 
 
-def _commands(url: str, pgbouncer: bool) -> AlembicCommands:
+def _commands(url: str, pgbouncer: bool = False) -> AlembicCommands:
     config = SQLAlchemyAsyncConfig(
         engine_instance=make_engine(url, pgbouncer=pgbouncer),
         alembic_config=AlembicAsyncConfig(

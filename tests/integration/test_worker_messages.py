@@ -311,7 +311,8 @@ async def test_the_worker_logs_each_message_once(lite: Rig, caplog: pytest.LogCa
     def said() -> list[str]:
         return [r.getMessage() for r in caplog.records if "message from" in r.getMessage()]
 
-    async with running(lite.worker("reader", chat=False)):
+    # A message reaches a worker with its next pop's answer: a short wait keeps that pop near.
+    async with running(lite.worker("reader", chat=False, wait_seconds=1)):
         await lite.online("reader")
         record = await lite.worker_record("reader")
         assert record is not None

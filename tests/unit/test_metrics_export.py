@@ -18,7 +18,9 @@ from horde_lite.metrics import (
     SECONDS_BUCKETS,
     SIZE_BUCKETS,
     UNMATCHED_ROUTE,
+    WAKE_SOURCES,
     WEBHOOK_OUTCOMES,
+    WOKEN_OUTCOMES,
     WORKER_KINDS,
 )
 from tests.support.horde import ANON, HordeClient
@@ -69,6 +71,9 @@ FAMILIES: dict[str, tuple[str, dict[str, set[str]]]] = {
     "horde_text_queued_tokens": ("gauge", {"horde_model": MODELS, "horde_chat": BOOL}),
     "horde_workers_online": ("gauge", {"horde_model": MODELS, "horde_worker_kind": set(WORKER_KINDS)}),
     "horde_webhook_outcomes": ("counter", {"outcome": set(WEBHOOK_OUTCOMES)}),
+    "horde_pop_waiting": ("gauge", {}),
+    "horde_pop_wakeups": ("counter", {"source": set(WAKE_SOURCES)}),
+    "horde_pop_woken": ("counter", {"outcome": set(WOKEN_OUTCOMES)}),
 }
 # The scrape-time gauges are not OpenTelemetry instruments: no otel_scope_* labels.
 UNSCOPED = {"horde_text_waiting_requests", "horde_text_queued_tokens", "horde_workers_online"}
