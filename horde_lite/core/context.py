@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
@@ -30,6 +31,7 @@ from horde_lite.settings import Settings
 from horde_lite.webhooks.delivery import WebhookDeliveries
 
 log = logging.getLogger("horde_lite")
+T = TypeVar("T")
 
 
 @dataclass
@@ -101,6 +103,27 @@ class Horde:
         commit at once): a reader that finds it must write goes on in `transaction()`."""
         async with connect_to_read(self.engine) as conn, self.sessionmaker(bind=conn) as session:
             yield session
+
+    async def read_retried(self, read: Callable[[AsyncSession], Awaitable[T]]) -> T:
+        """`read` in a session like `reading()`'s whose connection is checked out without the
+        pool's ping: a read that may run twice (no writes, no effect before its last statement)
+        saves that round trip. A database error ends the connection for good (invalidated, not
+        pooled again) and `read` runs once more in `reading()`, whose ping replaces a lost
+        connection. Any error, not only those SQLAlchemy takes for a lost connection: between the
+        server's termination message and the socket's close, asyncpg fails a statement with one
+        it does not. An error the second run meets too is raised."""
+        try:
+            async with connect_to_read(self.engine, checked=False) as conn:
+                try:
+                    async with self.sessionmaker(bind=conn) as session:
+                        return await read(session)
+                except DBAPIError:
+                    await conn.invalidate()
+                    raise
+        except DBAPIError as error:
+            log.info("a read without the pool's check failed (%s); reading again", type(error.orig).__name__)
+        async with self.reading() as session:
+            return await read(session)
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         """Run `work` in a task of its own (core/tasks.py): a cancelled caller cannot cut its

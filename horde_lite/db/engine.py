@@ -35,8 +35,9 @@ POOL = {"sqlite": (15, 0), "postgresql": (20, 10)}
 READ_ONLY = "horde_lite_read_only"
 
 
-# Set only while `connect_to_read` checks a connection out (see `_check_at_checkout`).
-_CHECKOUT_TO_READ: ContextVar[bool] = ContextVar("horde_lite_checkout_to_read", default=False)
+# Set only while `connect_to_read` checks a connection out (see `_check_at_checkout`): "ping" for
+# a checked read, "skip" for one whose caller replaces a lost connection itself.
+_CHECKOUT_TO_READ: ContextVar[str | None] = ContextVar("horde_lite_checkout_to_read", default=None)
 
 
 def _reading_options(engine: AsyncEngine) -> dict[str, Any]:
@@ -46,12 +47,14 @@ def _reading_options(engine: AsyncEngine) -> dict[str, Any]:
 
 
 @asynccontextmanager
-async def connect_to_read(engine: AsyncEngine) -> AsyncIterator[AsyncConnection]:
+async def connect_to_read(engine: AsyncEngine, *, checked: bool = True) -> AsyncIterator[AsyncConnection]:
     """A connection that reads outside any transaction (`Horde.reading`), closed when the block
     ends. Its checkout pings instead of beginning: a transaction begun there would be rolled back
-    when the connection turns to autocommit, a round trip for nothing."""
+    when the connection turns to autocommit, a round trip for nothing. Unchecked, it sends nothing
+    at checkout: for a caller that invalidates the connection on an error and reads again
+    (`Horde.read_retried`)."""
     conn = engine.connect()
-    token = _CHECKOUT_TO_READ.set(True)
+    token = _CHECKOUT_TO_READ.set("ping" if checked else "skip")
     try:
         await conn.start()
     finally:
@@ -149,9 +152,12 @@ def _check_at_checkout(dbapi_connection: Any) -> bool:
     is raised as the adapter raises it, so the pool sees a lost connection and replaces it. The
     driver's own view is not enough: between the server's termination message and the socket's
     close asyncpg calls a connection neither closed nor usable."""
-    if not (dbapi_connection.autocommit or dbapi_connection._started or _CHECKOUT_TO_READ.get()):
+    reading = _CHECKOUT_TO_READ.get()
+    if not (dbapi_connection.autocommit or dbapi_connection._started or reading):
         # The adapter's lazy BEGIN, sent now: its first statement finds the transaction started.
         dbapi_connection.await_(dbapi_connection._start_transaction())
+        return True
+    if reading == "skip":
         return True
     try:
         dbapi_connection.await_(dbapi_connection.driver_connection.fetchrow(";"))

@@ -420,7 +420,8 @@ async def look(
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
     address = stored_address(caller.address)
-    async with horde.reading() as session:
+
+    async def read(session: AsyncSession) -> Popped | Looked | None:
         named = await owner_and_worker(session, caller.apikey, body.name, now, statement=_LOOK)
         if named is None or named.worker is None:
             return None
@@ -437,13 +438,13 @@ async def look(
                 owner, worker, stamp=need == "time", page=page, address=address,
                 has_messages=named.has_messages,
             )  # fmt: skip
-        _count_pop(horde, in_force.policies, worker)
+        messages = await _messages(session, named.has_messages, worker, now)
+        _count_pop(horde, in_force.policies, worker)  # after the last statement: a read run twice counts once
         too_long, too_wide = divmod(int(named.extra), SKIPPED_SPLIT)
-        return Popped(
-            offer=None,
-            skipped=_skipped_answer(too_long, too_wide),
-            messages=await _messages(session, named.has_messages, worker, now),
-        )
+        return Popped(offer=None, skipped=_skipped_answer(too_long, too_wide), messages=messages)
+
+    # Pure reads: on a connection the server has closed they run again on a checked one.
+    return await horde.read_retried(read)
 
 
 async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:

@@ -14,9 +14,14 @@ from sqlalchemy import event, text
 from sqlalchemy.engine import make_url
 
 from horde_lite.app import create_app
-from horde_lite.core.context import Horde
+from horde_lite.clock import ManualClock
+from horde_lite.core.context import Caller, Horde
 from horde_lite.db.engine import connect_to_read, make_engine
+from horde_lite.inputs import PopInput
+from horde_lite.jobs import dispatch
+from horde_lite.jobs.dispatch import Popped
 from tests.conftest import is_postgres, make_settings
+from tests.support.horde import HordeClient
 
 
 @pytest.mark.postgres_only
@@ -109,3 +114,58 @@ async def _what_checkouts_send(horde: Horde) -> None:
             await inner.execute(text("SELECT 3"))
     await asyncio.sleep(0)
     assert sent == ["", "BEGIN", "COMMIT"]  # the read's ping, then the inner transaction's BEGIN
+
+
+@pytest.mark.postgres_only
+async def test_an_idle_pop_sends_no_ping_and_reads_again_on_an_ended_connection(
+    db_url: str, clock: ManualClock
+) -> None:
+    """An idle pop's reads (`dispatch.look`) check their connection out without the ping: on one
+    the server terminated a moment ago they fail, and run again on a checked connection, so the
+    worker gets its answer, never an error, and the dead connection is not pooled again."""
+    if not is_postgres(db_url):
+        pytest.skip("PostgreSQL only: the pool's check of asyncpg connections")
+    app = create_app(make_settings(db_url, database={"null_pool": False}), clock, run_sweeper=False)  # pooled
+    url = make_url(db_url)
+    admin = await asyncpg.connect(host=url.host, port=url.port or 5432, user=url.username,
+                                  password=url.password, database=url.database)  # fmt: skip
+    try:
+        async with AsyncTestClient(app=app, timeout=30) as http:
+            horde: Horde = app.state.horde
+            sent: list[str] = []
+            pids = await _logged_pool(horde, sent)  # the pool is this loop's from here on
+            caller = Caller(apikey=await HordeClient(http, horde).user("owner"))
+            body = PopInput(name="idle")
+            assert (await dispatch.pop_job(horde, caller, body)).offer is None  # known from here on
+            await asyncio.sleep(0)
+            sent.clear()
+            assert (await dispatch.look(horde, caller, body)) == Popped(offer=None, skipped={})
+            await asyncio.sleep(0)  # asyncpg calls its query loggers soon, not at once
+            assert "" not in sent  # no ping
+            for _ in range(30):  # the window is about a millisecond: try it many times
+                for pid in set(pids):
+                    await admin.fetchval("SELECT pg_terminate_backend($1)", pid)
+                pids.clear()
+                assert (await dispatch.look(horde, caller, body)) == Popped(offer=None, skipped={})
+    finally:
+        await admin.close()
+
+
+async def _logged_pool(horde: Horde, sent: list[str]) -> list[int]:
+    """From here on the pool's new connections log what they send into `sent`, and their backend
+    pids are listed in the list returned."""
+    pids: list[int] = []
+
+    def log(query: asyncpg.connection.LoggedQuery) -> None:
+        sent.append(query.query.strip().rstrip(";").split(" ISOLATION")[0].upper())
+
+    def on_connect(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.driver_connection.add_query_logger(log)
+
+    def on_checkout(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+        pids.append(dbapi_connection.driver_connection.get_server_pid())
+
+    await horde.engine.dispose()
+    event.listen(horde.engine.sync_engine, "connect", on_connect)
+    event.listen(horde.engine.sync_engine, "checkout", on_checkout)
+    return pids

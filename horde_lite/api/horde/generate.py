@@ -133,7 +133,7 @@ def pop_answer(popped: dispatch.Popped, wait_seconds: int | None = None) -> Gene
 @post(
     "/generate/text/async",
     status_code=202,
-    guards=[address_guard],
+    before_request=address_guard,
     responses={
         202: ResponseSpec(RequestAsync, description="Queued."),
         200: ResponseSpec(RequestQuote, description="A dry run: what it would cost; nothing created."),
@@ -156,7 +156,7 @@ async def cancel_request(request_id: FromPath[str], horde: HordeDep) -> RequestS
     return status_answer(await status_rules.cancel_and_read(horde, request_id))
 
 
-@post("/generate/text/pop", status_code=200, guards=[address_guard])
+@post("/generate/text/pop", status_code=200, before_request=address_guard)
 async def pop_job(
     data: JSONBody[PopInput], horde: HordeDep, caller: CallerDep, request: Request[Any, Any, Any]
 ) -> GenerationPayloadKobold:
@@ -167,7 +167,7 @@ async def pop_job(
     return pop_answer(popped, long_poll.bound(horde.settings, data))
 
 
-@post("/generate/text/submit", status_code=200, guards=[address_guard])
+@post("/generate/text/submit", status_code=200, before_request=address_guard)
 async def submit_job(data: JSONBody[SubmitInput], horde: HordeDep, caller: CallerDep) -> GenerationSubmitted:
     submitted = await completion.submit_job(horde, caller, data)
     return GenerationSubmitted(reward=submitted.reward)

@@ -20,7 +20,7 @@ def progress_answer(answer: progress.ProgressAnswer) -> GenerationProgress:
     )
 
 
-@post("/generate/text/progress", status_code=200, guards=[address_guard])
+@post("/generate/text/progress", status_code=200, before_request=address_guard)
 async def post_progress(
     data: JSONBody[ProgressInput], horde: HordeDep, caller: CallerDep
 ) -> GenerationProgress:

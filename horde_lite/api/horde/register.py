@@ -31,7 +31,7 @@ def invite_details(found: invites.Invite) -> InviteDetails:
     return details
 
 
-@post("/register", status_code=200, guards=[address_guard])
+@post("/register", status_code=200, before_request=address_guard)
 async def register(data: JSONBody[RegisterInput], horde: HordeDep) -> UserKeyDetails:
     """Open to anyone when `[accounts] registration = "open"`, to holders of an invite code when
     "invite"; refused with `RegistrationClosed` when "closed" (the default). Rate limited per

@@ -50,7 +50,9 @@ def _delta(delta: Delta) -> dict[str, Any]:
 CHAT = Answer(whole=schemas.completion, render=ChatRender)
 
 
-@post("/chat/completions", status_code=200, operation_class=EventStreamOperation, guards=[address_guard])
+@post(
+    "/chat/completions", status_code=200, operation_class=EventStreamOperation, before_request=address_guard
+)
 async def chat_completions(
     request: Request[Any, Any, Any], data: JSONBody[ChatCompletionInput], horde: HordeDep, caller: CallerDep
 ) -> Response[ChatCompletion | ChatCompletionQuote]:

@@ -33,7 +33,7 @@ class TextRender(Render):
 TEXT = Answer(whole=schemas.text_completion, render=TextRender)
 
 
-@post("/completions", status_code=200, operation_class=EventStreamOperation, guards=[address_guard])
+@post("/completions", status_code=200, operation_class=EventStreamOperation, before_request=address_guard)
 async def completions(
     request: Request[Any, Any, Any], data: JSONBody[CompletionInput], horde: HordeDep, caller: CallerDep
 ) -> Response[TextCompletion]:
