@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 from sqlalchemy import inspect, select
+from sqlalchemy.orm.attributes import get_history
 
 from horde_lite.accounts.kudos import hold_key
 from horde_lite.db.models import AdmissionRecord, Base, KudosHold, TextRequest, User
-from horde_lite.db.rows import insert_rows
+from horde_lite.db.rows import insert_rows, write_all_changes
 from tests.support.horde import HordeClient
 
 
@@ -62,3 +63,33 @@ async def test_a_core_insert_writes_what_a_flush_writes(
         rows = (await session.execute(select(model))).scalars().all()
         by_request = {row.request_id if model is not TextRequest else row.id: row for row in rows}
         assert _columns(by_request[inserted_id]) == _columns(by_request[flushed_id])
+
+
+async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClient) -> None:
+    """`write_all_changes` writes each row's changed attributes among those named, nothing else, and
+    leaves the objects with nothing for the commit's flush to write."""
+    await client.user("owner")
+    await client.user("other")
+    request_id = str(uuid.uuid4())
+    async with client.horde.sessionmaker() as session, session.begin():
+        users = (await session.execute(select(User).order_by(User.username))).scalars().all()
+        owner = next(u for u in users if u.username == "owner")
+        other = next(u for u in users if u.username == "other")
+        await insert_rows(session, [_request(owner.id, request_id)])
+        request = (await session.execute(select(TextRequest))).scalar_one()
+        owner.kudos, owner.trusted = 123.5, True
+        other.kudos = other.kudos  # named, unchanged: nothing to write for it
+        request.state, request.kudos_spent, request.prompt = "done", 7.25, "not named, not written"
+        await write_all_changes(
+            session, ((owner, ("kudos", "trusted")), (other, ("kudos",)), (request, ("state", "kudos_spent")))
+        )
+        assert not get_history(owner, "kudos").has_changes()
+        assert not get_history(request, "state").has_changes()
+        assert get_history(request, "prompt").has_changes()  # left to the flush, which writes it
+        session.expunge(request)  # so the commit's flush writes nothing of it
+    async with client.horde.sessionmaker() as session:
+        users = {u.username: u for u in (await session.execute(select(User))).scalars()}
+        stored = (await session.execute(select(TextRequest))).scalar_one()
+    assert (users["owner"].kudos, users["owner"].trusted) == (123.5, True)
+    assert users["other"].kudos == other.kudos
+    assert (stored.state, stored.kudos_spent, stored.prompt) == ("done", 7.25, "")
