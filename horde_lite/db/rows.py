@@ -1,10 +1,14 @@
-"""Core inserts of rows built as ORM objects, for rows a transaction writes and never reads back as
-objects (a queued request, its records, its hold): the unit of work's flush of such an object costs
-more Python than the statement it sends. The objects stay transient, outside the session."""
+"""Core writes instead of the unit of work's flush, whose Python costs more than the statements it
+sends: inserts of rows built as ORM objects, for rows a transaction writes and never reads back as
+objects (a queued request, its records, its hold; the objects stay transient, outside the session);
+updates of what changed on loaded objects; and several rows' writes sent as one statement on
+PostgreSQL, where each statement is a round trip."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from itertools import groupby
 from typing import Any, cast
 
 from sqlalchemy import Insert, Table, Update, bindparam, insert, inspect, update
@@ -53,8 +57,8 @@ _UPDATES: dict[tuple[Table, frozenset[str]], Update] = {}
 def _update_of(table: Table, columns: frozenset[str]) -> Update:
     statement = _UPDATES.get((table, columns))
     if statement is None:
-        statement = _UPDATES[(table, columns)] = _prefixed(table, columns, "v")
-    return statement
+        statement = _UPDATES[(table, columns)] = _statement(table, columns, True, "v")
+    return statement  # type: ignore[return-value]
 
 
 async def write_changes(session: AsyncSession, row: Base, keys: Iterable[str]) -> None:
@@ -62,67 +66,87 @@ async def write_changes(session: AsyncSession, row: Base, keys: Iterable[str]) -
     by its primary key, and tell the object its values are stored, so the flush at commit has
     nothing of them left to write (the unit of work costs more Python than the statement). The row
     must be locked already (or SQLite's one writer held), as for any read-then-write."""
-    table, values, changed = _changes(row, keys)
-    if not changed:
-        return
-    params = {f"v_{column}": value for column, value in values.items()}
+    await write_all_changes(session, [(row, keys)])
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One row's write: an insert of `values` (by column key), or, given `key`, an update of them
+    in the row with that primary key."""
+
+    table: Table
+    values: dict[str, Any]
+    key: Any = None  # None: an insert (no primary key is NULL)
+
+    def shape(self) -> tuple[Table, frozenset[str], bool]:
+        return self.table, frozenset(self.values), self.key is not None
+
+
+def _statement(table: Table, columns: frozenset[str], updates: bool, prefix: str) -> Insert | Update:
+    """INSERT into `table` of `columns`, or UPDATE of them by primary key, its parameters named
+    `prefix`_column (and `prefix`_pk)."""
+    values = {table.c[c]: bindparam(f"{prefix}_{c}", type_=table.c[c].type) for c in sorted(columns)}
+    if not updates:
+        return insert(table).values(values)
+    [key] = table.primary_key.columns
+    return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values)
+
+
+# Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence of
+# shapes: each write but the last a data-modifying CTE of the last.
+_TOGETHER: dict[tuple[tuple[Table, frozenset[str], bool], ...], Insert | Update] = {}
+
+
+def _together(shapes: tuple[tuple[Table, frozenset[str], bool], ...]) -> Insert | Update:
+    statement = _TOGETHER.get(shapes)
+    if statement is None:
+        *first, last = (_statement(*shape, f"u{i}") for i, shape in enumerate(shapes))
+        statement = _TOGETHER[shapes] = last.add_cte(*(w.cte(f"u{i}") for i, w in enumerate(first)))
+    return statement
+
+
+async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
+    """Send `writes` in their order; on PostgreSQL as one statement (a round trip costs the server
+    more CPU than a statement's Python), its writes data-modifying CTEs. The rows updated must be
+    locked already, and no row written twice: the parts of one statement do not see each other's
+    writes (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
+    statement's end, so a row may refer to one inserted beside it)."""
     conn = await session.connection()
-    await conn.execute(_update_of(table, frozenset(values) - {"pk"}), params)
+    if len(writes) > 1 and conn.dialect.name == "postgresql":
+        params = {f"u{i}_{column}": value for i, w in enumerate(writes) for column, value in w.values.items()}
+        params |= {f"u{i}_pk": w.key for i, w in enumerate(writes) if w.key is not None}
+        await conn.execute(_together(tuple(w.shape() for w in writes)), params)
+        return
+    for shape, group in groupby(writes, Write.shape):
+        table, columns, updates = shape
+        if updates:
+            keyed = [{"v_pk": w.key, **{f"v_{c}": v for c, v in w.values.items()}} for w in group]
+            await conn.execute(_update_of(table, columns), keyed)
+        else:  # the rows of a table given the same columns in one executemany, as `insert_rows`
+            await conn.execute(_insert_into(table), [w.values for w in group])
+
+
+def changes(row: Base, keys: Iterable[str]) -> tuple[Write, dict[str, Any]] | None:
+    """What of the attributes `keys` changed on `row`, a loaded object: its update, and the changed
+    values by attribute key for `committed` (None: nothing changed)."""
+    changed = {key: getattr(row, key) for key in keys if get_history(row, key).has_changes()}
+    if not changed:
+        return None
+    state = inspect(row)
+    [identity] = state.identity or (None,)
+    by_column = {state.mapper.get_property(key).columns[0].key: value for key, value in changed.items()}  # type: ignore[attr-defined]
+    return Write(cast(Table, row.__table__), by_column, identity), changed
+
+
+def committed(row: Base, changed: dict[str, Any]) -> None:
+    """Tell `row` its `changed` values are stored: the flush at commit has nothing of them to write."""
     for key, value in changed.items():
         set_committed_value(row, key, value)
 
 
-# Several rows' changes in one statement on PostgreSQL (`write_all_changes`), built once per
-# sequence of (table, columns written): each UPDATE but the last a data-modifying CTE of the last.
-_UPDATES_TOGETHER: dict[tuple[tuple[Table, frozenset[str]], ...], Update] = {}
-
-
-def _prefixed(table: Table, columns: frozenset[str], prefix: str) -> Update:
-    """UPDATE `table` SET `columns` by primary key, its parameters named `prefix`_column and
-    `prefix`_pk."""
-    [key] = table.primary_key.columns
-    values = {table.c[c]: bindparam(f"{prefix}_{c}", type_=table.c[c].type) for c in sorted(columns)}
-    return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values)
-
-
-def _updates_together(shapes: tuple[tuple[Table, frozenset[str]], ...]) -> Update:
-    statement = _UPDATES_TOGETHER.get(shapes)
-    if statement is None:
-        *first, last = (_prefixed(table, columns, f"u{i}") for i, (table, columns) in enumerate(shapes))
-        statement = last.add_cte(*(u.cte(f"u{i}") for i, u in enumerate(first)))
-        _UPDATES_TOGETHER[shapes] = statement
-    return statement
-
-
-def _changes(row: Base, keys: Iterable[str]) -> tuple[Table, dict[str, Any], dict[str, Any]]:
-    """`row`'s table, its primary key's value and what of `keys` changed, by column key, with the
-    changed values by attribute key."""
-    changed = {key: getattr(row, key) for key in keys if get_history(row, key).has_changes()}
-    state = inspect(row)
-    [identity] = state.identity or (None,)
-    by_column = {state.mapper.get_property(key).columns[0].key: value for key, value in changed.items()}  # type: ignore[attr-defined]
-    return cast(Table, row.__table__), {"pk": identity, **by_column}, changed
-
-
-async def write_all_changes(session: AsyncSession, changes: Iterable[tuple[Base, Iterable[str]]]) -> None:
-    """`write_changes` of several rows, in their order; on PostgreSQL one statement (one round trip,
-    which costs the server more CPU than the statement's Python) whose UPDATEs are data-modifying
-    CTEs. Every row must be locked already, and no row given twice: the parts of one statement do
-    not see each other's writes, so they must not depend on one another (PostgreSQL's triggers on
-    these tables run after the row is written and read only the new row)."""
-    if session.get_bind().dialect.name != "postgresql":
-        for row, keys in changes:
-            await write_changes(session, row, keys)
-        return
-    written = [(row, *_changes(row, keys)) for row, keys in changes]
-    written = [w for w in written if w[3]]
-    if not written:
-        return
-    shapes = tuple((table, frozenset(values) - {"pk"}) for _row, table, values, _changed in written)
-    params = {f"u{i}_{column}": value for i, (_row, _t, values, _c) in enumerate(written)
-              for column, value in values.items()}  # fmt: skip
-    conn = await session.connection()
-    await conn.execute(_updates_together(shapes), params)
-    for row, _table, _values, changed in written:
-        for key, value in changed.items():
-            set_committed_value(row, key, value)
+async def write_all_changes(session: AsyncSession, rows: Iterable[tuple[Base, Iterable[str]]]) -> None:
+    """`write_changes` of several rows, in their order, with `write_rows`."""
+    found = [(row, found) for row, keys in rows if (found := changes(row, keys)) is not None]
+    await write_rows(session, [write for _row, (write, _changed) in found])
+    for row, (_write, changed) in found:
+        committed(row, changed)

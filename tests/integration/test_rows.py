@@ -6,15 +6,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import Table, inspect, select
 from sqlalchemy.orm.attributes import get_history
 
 from horde_lite.accounts.kudos import hold_key
-from horde_lite.db.models import AdmissionRecord, Base, KudosHold, TextRequest, User
-from horde_lite.db.rows import insert_rows, write_all_changes
+from horde_lite.db.models import AdmissionRecord, Base, KudosHold, RequestModel, TextRequest, User
+from horde_lite.db.rows import Write, insert_rows, values_of, write_all_changes, write_rows
 from tests.support.horde import HordeClient
 
 
@@ -93,3 +93,28 @@ async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClie
     assert (users["owner"].kudos, users["owner"].trusted) == (123.5, True)
     assert users["other"].kudos == other.kudos
     assert (stored.state, stored.kudos_spent, stored.prompt) == ("done", 7.25, "")
+
+
+async def test_several_writes_together_write_what_their_statements_write(client: HordeClient) -> None:
+    """`write_rows`: an update, an insert and an insert of a row referring to it, sent together (one
+    statement on PostgreSQL), store what a flush stores, the inserted row's defaults included."""
+    await client.user("owner")
+    flushed_id, written_id = str(uuid.uuid4()), str(uuid.uuid4())
+    async with client.horde.sessionmaker() as session, session.begin():
+        owner = (await session.execute(select(User).where(User.username == "owner"))).scalar_one()
+        session.add(_request(owner.id, flushed_id))
+        await session.flush()
+        users, requests = cast(Table, User.__table__), cast(Table, TextRequest.__table__)
+        models = cast(Table, RequestModel.__table__)
+        await write_rows(session, [
+            Write(users, {"kudos": 42.5}, owner.id),
+            Write(requests, values_of(_request(owner.id, written_id))),
+            Write(models, {"request_id": written_id, "model": "a-7B"}),
+        ])  # fmt: skip
+    async with client.horde.sessionmaker() as session:
+        kudos = (await session.execute(select(User.kudos).where(User.username == "owner"))).scalar_one()
+        by_id = {r.id: r for r in (await session.execute(select(TextRequest))).scalars()}
+        listed = (await session.execute(select(RequestModel.request_id, RequestModel.model))).all()
+    assert kudos == 42.5
+    assert _columns(by_id[written_id]) == _columns(by_id[flushed_id])
+    assert (written_id, "a-7B") in listed
