@@ -82,40 +82,68 @@ class Write:
         return self.table, frozenset(self.values), self.key is not None
 
 
-def _statement(table: Table, columns: frozenset[str], updates: bool, prefix: str) -> Insert | Update:
-    """INSERT into `table` of `columns`, or UPDATE of them by primary key, its parameters named
-    `prefix`_column (and `prefix`_pk)."""
-    values = {table.c[c]: bindparam(f"{prefix}_{c}", type_=table.c[c].type) for c in sorted(columns)}
+def _statement(
+    table: Table, columns: frozenset[str], updates: bool, prefix: str, rows: int = 1
+) -> Insert | Update:
+    """INSERT into `table` of `columns` (`rows` rows), or UPDATE of them by primary key, its
+    parameters named `prefix`_column and `prefix`_pk (an insert of several rows: `prefix`_row_column)."""
+
+    def values(named: str) -> dict[Any, Any]:
+        return {table.c[c]: bindparam(f"{named}_{c}", type_=table.c[c].type) for c in sorted(columns)}
+
     if not updates:
-        return insert(table).values(values)
+        return insert(table).values(
+            values(prefix) if rows == 1 else [values(f"{prefix}_{r}") for r in range(rows)]
+        )
     [key] = table.primary_key.columns
-    return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values)
+    return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values(prefix))
 
 
+# A part of a statement of several writes: one UPDATE, or an INSERT of consecutive rows of one shape.
+_Part = tuple[Table, frozenset[str], bool, int]
 # Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence of
-# shapes: each write but the last a data-modifying CTE of the last.
-_TOGETHER: dict[tuple[tuple[Table, frozenset[str], bool], ...], Insert | Update] = {}
+# parts: each part but the last a data-modifying CTE of the last.
+_TOGETHER: dict[tuple[_Part, ...], Insert | Update] = {}
 
 
-def _together(shapes: tuple[tuple[Table, frozenset[str], bool], ...]) -> Insert | Update:
-    statement = _TOGETHER.get(shapes)
+def _together(parts: tuple[_Part, ...]) -> Insert | Update:
+    statement = _TOGETHER.get(parts)
     if statement is None:
-        *first, last = (_statement(*shape, f"u{i}") for i, shape in enumerate(shapes))
-        statement = _TOGETHER[shapes] = last.add_cte(*(w.cte(f"u{i}") for i, w in enumerate(first)))
+        *first, last = (_statement(t, c, u, f"u{i}", rows) for i, (t, c, u, rows) in enumerate(parts))
+        statement = _TOGETHER[parts] = last.add_cte(*(w.cte(f"u{i}") for i, w in enumerate(first)))
     return statement
+
+
+def _parts(writes: Sequence[Write]) -> list[list[Write]]:
+    """`writes` in parts: each update alone, consecutive inserts of one shape together."""
+    parts: list[list[Write]] = []
+    for w in writes:
+        if parts and w.key is None and parts[-1][0].shape() == w.shape():
+            parts[-1].append(w)
+        else:
+            parts.append([w])
+    return parts
 
 
 async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
     """Send `writes` in their order; on PostgreSQL as one statement (a round trip costs the server
-    more CPU than a statement's Python), its writes data-modifying CTEs. The rows updated must be
-    locked already, and no row written twice: the parts of one statement do not see each other's
-    writes (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
+    more CPU than a statement's Python), its parts data-modifying CTEs, when no table is written by
+    two of its parts (SQLAlchemy compiles no such statement). The rows updated must be locked
+    already, and no row written twice: the parts of one statement do not see each other's writes
+    (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
     statement's end, so a row may refer to one inserted beside it)."""
     conn = await session.connection()
-    if len(writes) > 1 and conn.dialect.name == "postgresql":
-        params = {f"u{i}_{column}": value for i, w in enumerate(writes) for column, value in w.values.items()}
-        params |= {f"u{i}_pk": w.key for i, w in enumerate(writes) if w.key is not None}
-        await conn.execute(_together(tuple(w.shape() for w in writes)), params)
+    parts = _parts(writes)
+    tables = [part[0].table for part in parts]
+    if len(parts) > 1 and conn.dialect.name == "postgresql" and len(set(tables)) == len(tables):
+        params: dict[str, Any] = {}
+        for i, part in enumerate(parts):
+            for r, w in enumerate(part):
+                named = f"u{i}" if len(part) == 1 else f"u{i}_{r}"
+                params |= {f"{named}_{column}": value for column, value in w.values.items()}
+            if part[0].key is not None:
+                params[f"u{i}_pk"] = part[0].key
+        await conn.execute(_together(tuple((*part[0].shape(), len(part)) for part in parts)), params)
         return
     for shape, group in groupby(writes, Write.shape):
         table, columns, updates = shape

@@ -96,8 +96,9 @@ async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClie
 
 
 async def test_several_writes_together_write_what_their_statements_write(client: HordeClient) -> None:
-    """`write_rows`: an update, an insert and an insert of a row referring to it, sent together (one
-    statement on PostgreSQL), store what a flush stores, the inserted row's defaults included."""
+    """`write_rows`: an update, an insert and inserts of two rows referring to it, sent together (one
+    statement on PostgreSQL), store what a flush stores, the inserted row's defaults included; so do
+    writes that cannot be one statement."""
     await client.user("owner")
     flushed_id, written_id = str(uuid.uuid4()), str(uuid.uuid4())
     async with client.horde.sessionmaker() as session, session.begin():
@@ -110,11 +111,18 @@ async def test_several_writes_together_write_what_their_statements_write(client:
             Write(users, {"kudos": 42.5}, owner.id),
             Write(requests, values_of(_request(owner.id, written_id))),
             Write(models, {"request_id": written_id, "model": "a-7B"}),
+            Write(models, {"request_id": written_id, "model": "b-13B"}),
+        ])  # fmt: skip
+        # A table written by two parts apart: sent as separate statements.
+        await write_rows(session, [
+            Write(models, {"request_id": written_id, "model": "c-1B"}),
+            Write(users, {"kudos": 50.0}, owner.id),
+            Write(models, {"request_id": written_id, "model": "d-1B"}),
         ])  # fmt: skip
     async with client.horde.sessionmaker() as session:
         kudos = (await session.execute(select(User.kudos).where(User.username == "owner"))).scalar_one()
         by_id = {r.id: r for r in (await session.execute(select(TextRequest))).scalars()}
         listed = (await session.execute(select(RequestModel.request_id, RequestModel.model))).all()
-    assert kudos == 42.5
+    assert kudos == 50.0
     assert _columns(by_id[written_id]) == _columns(by_id[flushed_id])
-    assert (written_id, "a-7B") in listed
+    assert sorted(m for r, m in listed if r == written_id) == ["a-7B", "b-13B", "c-1B", "d-1B"]
