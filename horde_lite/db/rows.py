@@ -28,15 +28,13 @@ def values_of(row: Base) -> dict[str, Any]:
 
 
 async def insert_rows(session: AsyncSession, rows: Iterable[Base]) -> None:
-    """Insert `rows` in the order their tables first appear, one statement for the rows of a table
-    given the same columns (an executemany)."""
-    batches: dict[tuple[Table, frozenset[str]], list[dict[str, Any]]] = {}
+    """Insert `rows` in the order their tables first appear, the rows of a table given the same
+    columns together (`write_rows`: one statement on PostgreSQL, else an executemany each)."""
+    batches: dict[tuple[Table, frozenset[str]], list[Write]] = {}
     for row in rows:
-        values = values_of(row)
-        batches.setdefault((cast(Table, row.__table__), frozenset(values)), []).append(values)
-    conn = await session.connection()  # Core: the ORM has nothing to do with these rows
-    for (table, _columns), values in batches.items():
-        await conn.execute(_insert_into(table), values if len(values) > 1 else values[0])
+        write = Write(cast(Table, row.__table__), values_of(row))
+        batches.setdefault((write.table, frozenset(write.values)), []).append(write)
+    await write_rows(session, [write for batch in batches.values() for write in batch])
 
 
 _INSERTS: dict[Table, Insert] = {}
@@ -99,6 +97,9 @@ def _statement(
     return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values(prefix))
 
 
+# The most rows of one insert sent as a part of one statement: each number of rows is a statement
+# text of its own, which asyncpg prepares anew and caches beside the hot path's statements.
+ROWS_TOGETHER = 4
 # A part of a statement of several writes: one UPDATE, or an INSERT of consecutive rows of one shape.
 _Part = tuple[Table, frozenset[str], bool, int]
 # Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence of
@@ -128,14 +129,20 @@ def _parts(writes: Sequence[Write]) -> list[list[Write]]:
 async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
     """Send `writes` in their order; on PostgreSQL as one statement (a round trip costs the server
     more CPU than a statement's Python), its parts data-modifying CTEs, when no table is written by
-    two of its parts (SQLAlchemy compiles no such statement). The rows updated must be locked
+    two of its parts (SQLAlchemy compiles no such statement) and no part inserts more than
+    `ROWS_TOGETHER` rows. The rows updated must be locked
     already, and no row written twice: the parts of one statement do not see each other's writes
     (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
     statement's end, so a row may refer to one inserted beside it)."""
     conn = await session.connection()
     parts = _parts(writes)
     tables = [part[0].table for part in parts]
-    if len(parts) > 1 and conn.dialect.name == "postgresql" and len(set(tables)) == len(tables):
+    if (
+        len(parts) > 1
+        and conn.dialect.name == "postgresql"
+        and len(set(tables)) == len(tables)
+        and all(len(part) <= ROWS_TOGETHER for part in parts)
+    ):
         params: dict[str, Any] = {}
         for i, part in enumerate(parts):
             for r, w in enumerate(part):
