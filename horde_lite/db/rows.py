@@ -48,7 +48,7 @@ def _insert_into(table: Table) -> Insert:
     return statement
 
 
-# One UPDATE by primary key per table and set of columns written (`write_changes`), built once.
+# One UPDATE by primary key per table and set of columns written (`write_rows`), built once.
 _UPDATES: dict[tuple[Table, frozenset[str]], Update] = {}
 
 
@@ -57,14 +57,6 @@ def _update_of(table: Table, columns: frozenset[str]) -> Update:
     if statement is None:
         statement = _UPDATES[(table, columns)] = _statement(table, columns, True, "v")
     return statement  # type: ignore[return-value]
-
-
-async def write_changes(session: AsyncSession, row: Base, keys: Iterable[str]) -> None:
-    """Write what of the attributes `keys` changed on `row`, a loaded object, with one Core UPDATE
-    by its primary key, and tell the object its values are stored, so the flush at commit has
-    nothing of them left to write (the unit of work costs more Python than the statement). The row
-    must be locked already (or SQLite's one writer held), as for any read-then-write."""
-    await write_all_changes(session, [(row, keys)])
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,8 +122,8 @@ async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
     """Send `writes` in their order; on PostgreSQL as one statement (a round trip costs the server
     more CPU than a statement's Python), its parts data-modifying CTEs, when no table is written by
     two of its parts (SQLAlchemy compiles no such statement) and no part inserts more than
-    `ROWS_TOGETHER` rows. The rows updated must be locked
-    already, and no row written twice: the parts of one statement do not see each other's writes
+    `ROWS_TOGETHER` rows. The rows updated must be locked already (or SQLite's one writer held),
+    and no row written twice: the parts of one statement do not see each other's writes
     (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
     statement's end, so a row may refer to one inserted beside it)."""
     conn = await session.connection()
@@ -180,7 +172,9 @@ def committed(row: Base, changed: dict[str, Any]) -> None:
 
 
 async def write_all_changes(session: AsyncSession, rows: Iterable[tuple[Base, Iterable[str]]]) -> None:
-    """`write_changes` of several rows, in their order, with `write_rows`."""
+    """Write what of the attributes named changed on each of `rows` (loaded objects, each with the
+    attribute keys it may have changed), in their order, with `write_rows`, and tell the objects
+    their values are stored, so the flush at commit has nothing of them left to write."""
     found = [(row, found) for row, keys in rows if (found := changes(row, keys)) is not None]
     await write_rows(session, [write for _row, (write, _changed) in found])
     for row, (_write, changed) in found:
