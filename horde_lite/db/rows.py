@@ -107,6 +107,22 @@ def _together(parts: tuple[_Part, ...]) -> Insert | Update:
     return statement
 
 
+def _given_defaults(write: Write) -> Write:
+    """An insert with the Python-side default of each column it was not given, as a flush would
+    give it: SQLAlchemy names the parameters of the defaults it adds by column alone, so two parts
+    of one statement whose tables have a column of the same name would share one."""
+    if write.key is not None:
+        return write
+    defaults = {
+        c.key: c.default for c in write.table.columns if c.default is not None and c.key not in write.values
+    }
+    if not defaults:
+        return write
+    # Only scalar and callable defaults exist (SQLAlchemy wraps a callable to take a context).
+    values = {key: d.arg(None) if d.is_callable else d.arg for key, d in defaults.items()}  # type: ignore[attr-defined]
+    return Write(write.table, {**values, **write.values})
+
+
 def _parts(writes: Sequence[Write]) -> list[list[Write]]:
     """`writes` in parts: each update alone, consecutive inserts of one shape together."""
     parts: list[list[Write]] = []
@@ -127,11 +143,12 @@ async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
     (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
     statement's end, so a row may refer to one inserted beside it)."""
     conn = await session.connection()
-    parts = _parts(writes)
+    together = len(writes) > 1 and conn.dialect.name == "postgresql"
+    parts = _parts([_given_defaults(w) for w in writes] if together else writes)
     tables = [part[0].table for part in parts]
     if (
-        len(parts) > 1
-        and conn.dialect.name == "postgresql"
+        together
+        and len(parts) > 1
         and len(set(tables)) == len(tables)
         and all(len(part) <= ROWS_TOGETHER for part in parts)
     ):
