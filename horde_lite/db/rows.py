@@ -113,14 +113,16 @@ def _given_defaults(write: Write) -> Write:
     of one statement whose tables have a column of the same name would share one."""
     if write.key is not None:
         return write
-    defaults = {
-        c.key: c.default for c in write.table.columns if c.default is not None and c.key not in write.values
-    }
-    if not defaults:
-        return write
+    defaults = _DEFAULTS.get(write.table)
+    if defaults is None:
+        columns = write.table.columns
+        defaults = _DEFAULTS[write.table] = [(c.key, c.default) for c in columns if c.default is not None]
     # Only scalar and callable defaults exist (SQLAlchemy wraps a callable to take a context).
-    values = {key: d.arg(None) if d.is_callable else d.arg for key, d in defaults.items()}  # type: ignore[attr-defined]
-    return Write(write.table, {**values, **write.values})
+    values = {key: d.arg(None) if d.is_callable else d.arg for key, d in defaults if key not in write.values}  # type: ignore[attr-defined]
+    return Write(write.table, {**values, **write.values}) if values else write
+
+
+_DEFAULTS: dict[Table, list[tuple[str, Any]]] = {}
 
 
 def _parts(writes: Sequence[Write]) -> list[list[Write]]:
