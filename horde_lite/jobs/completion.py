@@ -15,7 +15,7 @@ from horde_lite.accounts.workers import record_speed_sample
 from horde_lite.core.context import Caller, Horde
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Generation, TextRequest, User, Worker
-from horde_lite.db.rows import write_changes
+from horde_lite.db.rows import write_all_changes
 from horde_lite.inputs import SubmitInput
 from horde_lite.jobs.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.jobs.output_bounds import check_submit
@@ -244,9 +244,8 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         await kudos.consume_hold(session, request.id, charge)
     await shadow_outcome(session, horde, generation, worker, request, "completed")
     # The job's three rows as Core updates of what changed (they are locked since the job's read).
-    await write_changes(session, generation, _STORED)
-    await write_changes(session, worker, _WORKER_TOTALS)
-    await write_changes(session, request, _REQUEST_SETTLED)
+    settled = ((generation, _STORED), (worker, _WORKER_TOTALS), (request, _REQUEST_SETTLED))
+    await write_all_changes(session, settled)
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",

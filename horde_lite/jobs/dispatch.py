@@ -6,12 +6,11 @@ from __future__ import annotations
 import dataclasses
 import uuid
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
-from sqlalchemy import ColumnElement, Select, and_, bindparam, case, func, insert, not_, or_, select, update
+from sqlalchemy import ColumnElement, Select, Table, and_, bindparam, case, func, insert, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import aliased
-from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.accounts import flagged, worker_messages
 from horde_lite.accounts.worker_messages import MessageRecord
@@ -26,6 +25,7 @@ from horde_lite.accounts.workers import (
 )
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, TextRequest, User, Worker
+from horde_lite.db.rows import Write, committed, write_rows
 from horde_lite.db.sqltypes import OneOf, TextList
 from horde_lite.inputs import PopInput
 from horde_lite.jobs.pop_rule import PopPath, Seen, Take, counts_pop, path, take
@@ -66,12 +66,11 @@ POP_PAGE_MOST = 512
 
 
 _W = aliased(Worker, name="w")  # built once: an alias adapts its columns on first use
-# A claimed job's request: its jobs left and its renewed expiry.
-_TAKEN = (
-    update(TextRequest)
-    .where(TextRequest.id == bindparam("request_id"))
-    .values(n_remaining=bindparam("left"), expires_at=bindparam("expires"))
-)
+# The tables a claim writes (`pop`): its request's jobs left and renewed expiry, its generations
+# and their assignment records.
+_REQUESTS = cast(Table, TextRequest.__table__)
+_GENERATIONS = cast(Table, Generation.__table__)
+_ASSIGNMENTS = cast(Table, AssignmentRecord.__table__)
 
 
 def _judged(rules: Rules, *, fake: bool, by: str) -> Select[Any]:
@@ -182,7 +181,19 @@ async def _capable_online(session: AsyncSession, rules: Rules, request: TextRequ
     return bool((await conn.execute(query, {"now": rules.now, "request_id": request.id})).scalar_one())
 
 
-async def _record_assignments(
+def _assignment_rows(
+    in_force: InForce, assignments: list[Assignment], capable: bool | None, now: float
+) -> list[Write]:
+    """The history of real assignments (kept after the request expires, read by `horde-lite
+    whatif`). `capable`: is a capable worker for the request online, asked by the claim of an
+    over-capacity job (only such a job raises the question; every built-in gate passes the
+    others), else None."""
+    gate = in_force.policies.names[PolicyKind.SPEED_GATE]
+    shadow = {"at": now, "capable_online": capable, "speed_gate": gate}
+    return [Write(_ASSIGNMENTS, {**dataclasses.asdict(a), **shadow}) for a in assignments]
+
+
+async def _record_candidate(
     session: AsyncSession,
     in_force: InForce,
     worker: Worker,
@@ -191,20 +202,12 @@ async def _record_assignments(
     capable: bool | None,
     now: float,
 ) -> None:
-    """The history of real assignments (kept after the request expires, read by `horde-lite
-    whatif`) and, with a candidate speed gate, the jobs it would have refused.
-    `capable`: is a capable worker for the request online, asked by the claim of an
-    over-capacity job (only such a job raises the question; every built-in gate passes the
-    others), else None."""
+    """With a candidate speed gate, the jobs it would have refused (`capable` as for
+    `_assignment_rows`)."""
     policies = in_force.policies
-    rules = in_force.rules(now)
-    gate = policies.names[PolicyKind.SPEED_GATE]
-    shadow = {"at": now, "capable_online": capable, "speed_gate": gate}
-    records = [{**dataclasses.asdict(a), **shadow} for a in assignments]
-    conn = await session.connection()  # Core inserts: nothing reads these rows in this transaction
-    await conn.execute(insert(AssignmentRecord), records)
     candidate = policies.candidate_speed_gate
     if candidate is not None:
+        rules = in_force.rules(now)
 
         def allows(online: bool) -> bool:
             return candidate.admits(GateInputs(request.is_chat, request.max_length, worker.capacity, online))
@@ -228,6 +231,7 @@ async def _record_assignments(
                 "decision": "assigned",
                 "candidate_decision": "refused",
             }
+            conn = await session.connection()
             # One per job, as the assignment records.
             await conn.execute(insert(CandidateRecord), [refused for _ in assignments])
 
@@ -292,19 +296,22 @@ async def pop(
         fake=fake, amount=amount, n_remaining=request.n_remaining, max_length=request.max_length,
         capacity=worker.capacity,
     )  # fmt: skip
-    # Core statements for the pop's writes: the ORM's unit of work cost more than the statements.
-    conn = await session.connection()
+    job = _job(in_force.settings, request, worker, taken)
+    # Core writes, one statement on PostgreSQL: the ORM's unit of work cost more than the statements.
+    writes = [Write(_GENERATIONS, generation) for generation in _generations(job, worker, taken, now)]
     if taken.left is not None:
         # The row is locked (FOR UPDATE on PostgreSQL, the one writer on SQLite): set it in place,
         # and tell the loaded object, which must not write it again.
-        left, expires = taken.left, now + in_force.settings.request.expiry_seconds
-        await conn.execute(_TAKEN, {"request_id": request.id, "left": left, "expires": expires})
-        set_committed_value(request, "n_remaining", left)
-        set_committed_value(request, "expires_at", expires)
-    job = _job(in_force.settings, request, worker, taken)
-    await conn.execute(insert(Generation), _generations(job, worker, taken, now))
-    if taken.records:
-        await _record_claim(session, horde, in_force, worker, job, taken, capable, now)
+        expires = now + in_force.settings.request.expiry_seconds
+        taken_values = {"n_remaining": taken.left, "expires_at": expires}
+        writes.insert(0, Write(_REQUESTS, taken_values, request.id))
+    assignments = _claimed(horde, in_force, worker, job, taken, now) if taken.records else []
+    await write_rows(session, [*writes, *_assignment_rows(in_force, assignments, capable, now)])
+    if taken.left is not None:
+        committed(request, taken_values)
+    if assignments:
+        await _record_candidate(session, in_force, worker, request, assignments, capable, now)
+        horde.notifier.on_commit(session, request.id, remote=request.waited)
     return worker, job
 
 
@@ -333,18 +340,11 @@ def _generations(job: Job, worker: Worker, taken: Take, now: float) -> list[dict
     return [{"id": gid, **generation} for gid in job.generation_ids]
 
 
-async def _record_claim(
-    session: AsyncSession,
-    horde: Horde,
-    in_force: InForce,
-    worker: Worker,
-    job: Job,
-    taken: Take,
-    capable: bool | None,
-    now: float,
-) -> None:
-    """A real pop's metrics, the shadow record of each job (for the metrics and the stored history
-    alike) and the wake-up of the request's waiters at commit."""
+def _claimed(
+    horde: Horde, in_force: InForce, worker: Worker, job: Job, taken: Take, now: float
+) -> list[Assignment]:
+    """A real pop's metrics, and the shadow record of each job (for the metrics and the stored
+    history alike)."""
     request = job.request
     horde.metrics.job_event("popped", request.is_chat, taken.count)
     assignments = [
@@ -367,8 +367,7 @@ async def _record_claim(
             max(0.0, now - request.created_at),
             wait_attributes(request.requester_kind, request.is_chat),  # type: ignore[arg-type]
         )
-    await _record_assignments(session, in_force, worker, request, assignments, capable, now)
-    horde.notifier.on_commit(session, request.id, remote=request.waited)
+    return assignments
 
 
 @dataclass(frozen=True, slots=True)

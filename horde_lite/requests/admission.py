@@ -449,11 +449,15 @@ def _new_row(settings: Settings, spec: AdmissionSpec, now: float) -> TextRequest
     return row
 
 
-async def _insert(session: AsyncSession, row: TextRequest) -> None:
-    """Queue the admitted request: its row and its models, as Core inserts (`insert_rows`): nothing
-    reads them back as objects in this transaction. The row's triggers enter it in the queue's index
-    with the workers its deny-list refuses."""
-    await insert_rows(session, [row, *(RequestModel(request_id=row.id, model=m) for m in row.models)])
+async def _insert(
+    session: AsyncSession, row: TextRequest, records: list[AdmissionRecord | CandidateRecord]
+) -> None:
+    """Queue the admitted request: its row and its models, with its decision's `records`, as Core
+    inserts (`insert_rows`: one statement on PostgreSQL): nothing reads them back as objects in
+    this transaction. The row's triggers enter it in the queue's index with the workers its
+    deny-list refuses."""
+    models = (RequestModel(request_id=row.id, model=m) for m in row.models)
+    await insert_rows(session, [row, *models, *records])
 
 
 async def admit(
@@ -494,7 +498,7 @@ async def admit(
             None, now, cost, judged.outcome, judged.allowance, judged.max_length, read.estimate,
             adjustments, warnings,
         )  # fmt: skip
-    await _insert(session, row)
+    await _insert(session, row, _records(in_force.policies.names, spec, judged, read, row.id, now))
     # Waiting pops that may take its jobs try again once it commits (jobs/pop_waiters.py).
     horde.notifier.jobs_on_commit(session, row.id, [] if row.any_model else row.models, row.n_remaining)
     if counted:
@@ -505,7 +509,7 @@ async def admit(
             session, spec.requester.user.id, row.id, cost, now,
             shared_key_hash=shared.key_hash if shared else None, reserves_user=judged.reserves_user,
         )  # fmt: skip
-    await _record(session, horde, in_force, spec, judged, read, row.id, now)
+    _count_decision(horde, spec, judged, read)
     log.info(
         "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",
         row.id, spec.requester.kind, judged.outcome, judged.max_length, judged.allowance, spec.is_chat,
@@ -672,13 +676,18 @@ async def _record(
     request_id: str | None,
     now: float,
 ) -> None:
-    """The one place an admission decision (not a dry run) is recorded: metrics, its admission
-    record and, when a candidate curve decided differently, its candidate record."""
+    """A refusal's record (not a dry run's): metrics, its admission record and, when a candidate
+    curve decided differently, its candidate record (an admitted request's are inserted with it)."""
     records = _records(in_force.policies.names, spec, judged, read, request_id, now)
     if judged.outcome is AdmissionOutcome.REFUSED:
         session.info[_REFUSAL_RECORDS] = records  # the transaction is rolled back: see `decide`
     else:
         await insert_rows(session, records)
+    _count_decision(horde, spec, judged, read)
+
+
+def _count_decision(horde: Horde, spec: AdmissionSpec, judged: Judgement, read: _Read) -> None:
+    """An admission decision's metrics."""
     metrics, kind = horde.metrics, spec.requester.kind
     metrics.free_allowance_decisions.add(
         1,

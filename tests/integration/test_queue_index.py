@@ -218,13 +218,14 @@ async def test_the_owners_request_behind_a_page_of_others_goes_first(client: Hor
 
 
 @pytest.mark.parametrize("since_check_in", [1.0, CHECK_IN_RESOLUTION])
-async def test_an_existing_workers_found_pop_runs_seven_statements(
+async def test_an_existing_workers_found_pop_counts_its_statements(
     client: HordeClient, since_check_in: float
 ) -> None:
     """Owner and worker in one read, the check-in's update when it is due, the queue's page, the
     claim (with the speed gate's question for an over-capacity job), the request's update (whose
-    trigger removes its entries: its only job is out), the job and its shadow record: no separate
-    key lookup, entries' removal, capable question or ORM reload."""
+    trigger removes its entries: its only job is out), the job and its shadow record, these three
+    one statement on PostgreSQL: no separate key lookup, entries' removal, capable question or ORM
+    reload."""
     key = await client.user("owner")
     rich = await client.user("rich", kudos=1_000_000)
     worker = {"models": ["s-7B"], "max_length": 2048, "max_context_length": 4096}
@@ -244,7 +245,8 @@ async def test_an_existing_workers_found_pop_runs_seven_statements(
     due = since_check_in >= CHECK_IN_RESOLUTION
     check_ins = [s for s in statements if s.lstrip().upper().startswith("UPDATE WORKERS")]
     assert len(check_ins) == int(due), statements
-    assert len(statements) == 6 + due, statements
+    writes = 1 if client.horde.engine.dialect.name == "postgresql" else 3
+    assert len(statements) == 3 + writes + due, statements
 
 
 async def test_the_pop_skips_lengths_inside_the_index(client: HordeClient) -> None:

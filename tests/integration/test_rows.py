@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
-from sqlalchemy import inspect, select
+from sqlalchemy import Table, inspect, select
+from sqlalchemy.orm.attributes import get_history
 
 from horde_lite.accounts.kudos import hold_key
-from horde_lite.db.models import AdmissionRecord, Base, KudosHold, TextRequest, User
-from horde_lite.db.rows import insert_rows
+from horde_lite.db.models import AdmissionRecord, Base, KudosHold, RequestModel, TextRequest, User
+from horde_lite.db.rows import Write, insert_rows, values_of, write_all_changes, write_rows
 from tests.support.horde import HordeClient
 
 
@@ -62,3 +63,66 @@ async def test_a_core_insert_writes_what_a_flush_writes(
         rows = (await session.execute(select(model))).scalars().all()
         by_request = {row.request_id if model is not TextRequest else row.id: row for row in rows}
         assert _columns(by_request[inserted_id]) == _columns(by_request[flushed_id])
+
+
+async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClient) -> None:
+    """`write_all_changes` writes each row's changed attributes among those named, nothing else, and
+    leaves the objects with nothing for the commit's flush to write."""
+    await client.user("owner")
+    await client.user("other")
+    request_id = str(uuid.uuid4())
+    async with client.horde.sessionmaker() as session, session.begin():
+        users = (await session.execute(select(User).order_by(User.username))).scalars().all()
+        owner = next(u for u in users if u.username == "owner")
+        other = next(u for u in users if u.username == "other")
+        await insert_rows(session, [_request(owner.id, request_id)])
+        request = (await session.execute(select(TextRequest))).scalar_one()
+        owner.kudos, owner.trusted = 123.5, True
+        other.kudos = other.kudos  # named, unchanged: nothing to write for it
+        request.state, request.kudos_spent, request.prompt = "done", 7.25, "not named, not written"
+        await write_all_changes(
+            session, ((owner, ("kudos", "trusted")), (other, ("kudos",)), (request, ("state", "kudos_spent")))
+        )
+        assert not get_history(owner, "kudos").has_changes()
+        assert not get_history(request, "state").has_changes()
+        assert get_history(request, "prompt").has_changes()  # left to the flush, which writes it
+        session.expunge(request)  # so the commit's flush writes nothing of it
+    async with client.horde.sessionmaker() as session:
+        users = {u.username: u for u in (await session.execute(select(User))).scalars()}
+        stored = (await session.execute(select(TextRequest))).scalar_one()
+    assert (users["owner"].kudos, users["owner"].trusted) == (123.5, True)
+    assert users["other"].kudos == other.kudos
+    assert (stored.state, stored.kudos_spent, stored.prompt) == ("done", 7.25, "")
+
+
+async def test_several_writes_together_write_what_their_statements_write(client: HordeClient) -> None:
+    """`write_rows`: an update, an insert and inserts of two rows referring to it, sent together (one
+    statement on PostgreSQL), store what a flush stores, the inserted row's defaults included; so do
+    writes that cannot be one statement."""
+    await client.user("owner")
+    flushed_id, written_id = str(uuid.uuid4()), str(uuid.uuid4())
+    async with client.horde.sessionmaker() as session, session.begin():
+        owner = (await session.execute(select(User).where(User.username == "owner"))).scalar_one()
+        session.add(_request(owner.id, flushed_id))
+        await session.flush()
+        users, requests = cast(Table, User.__table__), cast(Table, TextRequest.__table__)
+        models = cast(Table, RequestModel.__table__)
+        await write_rows(session, [
+            Write(users, {"kudos": 42.5}, owner.id),
+            Write(requests, values_of(_request(owner.id, written_id))),
+            Write(models, {"request_id": written_id, "model": "a-7B"}),
+            Write(models, {"request_id": written_id, "model": "b-13B"}),
+        ])  # fmt: skip
+        # A table written by two parts apart: sent as separate statements.
+        await write_rows(session, [
+            Write(models, {"request_id": written_id, "model": "c-1B"}),
+            Write(users, {"kudos": 50.0}, owner.id),
+            Write(models, {"request_id": written_id, "model": "d-1B"}),
+        ])  # fmt: skip
+    async with client.horde.sessionmaker() as session:
+        kudos = (await session.execute(select(User.kudos).where(User.username == "owner"))).scalar_one()
+        by_id = {r.id: r for r in (await session.execute(select(TextRequest))).scalars()}
+        listed = (await session.execute(select(RequestModel.request_id, RequestModel.model))).all()
+    assert kudos == 50.0
+    assert _columns(by_id[written_id]) == _columns(by_id[flushed_id])
+    assert sorted(m for r, m in listed if r == written_id) == ["a-7B", "b-13B", "c-1B", "d-1B"]
