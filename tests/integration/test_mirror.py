@@ -110,9 +110,10 @@ async def test_an_estimate_reads_the_queue_from_memory(client: HordeClient) -> N
         status = (await client.status(mine)).json()
 
     def work(sent: list[Sent]) -> list[str]:
-        # Not the app's own background work (its policy watch reads policy_state now and then), nor
-        # the rate limit's count (on PostgreSQL it counts in the database: api/rate_counts.py).
-        ours = ("policy_state", "rate_counts")
+        # Not the app's own background work (its policy watch reads policy_state and horde_modes now
+        # and then), nor the rate limit's count (on PostgreSQL it counts in the database:
+        # api/rate_counts.py).
+        ours = ("policy_state", "horde_modes", "rate_counts")
         return [s.statement for s in sent if not s.control and not any(t in s.statement for t in ours)]
 
     app_statements, copy_statements = work(by_app), work(by_copy)
