@@ -169,24 +169,15 @@ class RateLimits:
         rate: tuple[DurationUnit, int],
         identity: Callable[[Request[Any, Any, Any]], str] = caller_identity,
     ) -> DefineMiddleware:
+        common: dict[str, Any] = {
+            "rate_limit": rate,
+            "identifier_for_request": identity,
+            "check_throttle_handler": _matcher(calls),
+            "store": f"ratelimit_{name}",
+        }
         if self.counts is None:
-            config = RateLimitConfig(
-                rate_limit=rate,
-                identifier_for_request=identity,
-                check_throttle_handler=_matcher(calls),
-                middleware_class=KeyAndAddressRateLimit,
-                store=f"ratelimit_{name}",
-            )
-        else:
-            config = SharedLimitConfig(
-                rate_limit=rate,
-                identifier_for_request=identity,
-                check_throttle_handler=_matcher(calls),
-                middleware_class=SharedRateLimit,
-                store=f"ratelimit_{name}",
-                counts=self.counts,
-            )
-        return config.middleware
+            return RateLimitConfig(**common, middleware_class=KeyAndAddressRateLimit).middleware
+        return SharedLimitConfig(**common, middleware_class=SharedRateLimit, counts=self.counts).middleware
 
     async def start(self, app: Litestar) -> None:
         """At the app's start-up, after the horde's: the database counts use its engine and clock."""
