@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from itertools import groupby
 from typing import Any, cast
 
@@ -37,26 +38,16 @@ async def insert_rows(session: AsyncSession, rows: Iterable[Base]) -> None:
     await write_rows(session, [write for batch in batches.values() for write in batch])
 
 
-_INSERTS: dict[Table, Insert] = {}
-
-
+@cache
 def _insert_into(table: Table) -> Insert:
     """`insert(table)`, built once per table: a statement built per call pays its cache key."""
-    statement = _INSERTS.get(table)
-    if statement is None:
-        statement = _INSERTS[table] = insert(table)
-    return statement
+    return insert(table)
 
 
-# One UPDATE by primary key per table and set of columns written (`write_rows`), built once.
-_UPDATES: dict[tuple[Table, frozenset[str]], Update] = {}
-
-
+@cache
 def _update_of(table: Table, columns: frozenset[str]) -> Update:
-    statement = _UPDATES.get((table, columns))
-    if statement is None:
-        statement = _UPDATES[(table, columns)] = _statement(table, columns, True, "v")
-    return statement  # type: ignore[return-value]
+    """One UPDATE by primary key per table and set of columns written (`write_rows`), built once."""
+    return _statement(table, columns, True, "v")  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,17 +85,14 @@ def _statement(
 ROWS_TOGETHER = 4
 # A part of a statement of several writes: one UPDATE, or an INSERT of consecutive rows of one shape.
 _Part = tuple[Table, frozenset[str], bool, int]
-# Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence of
-# parts: each part but the last a data-modifying CTE of the last.
-_TOGETHER: dict[tuple[_Part, ...], Insert | Update] = {}
 
 
+@cache
 def _together(parts: tuple[_Part, ...]) -> Insert | Update:
-    statement = _TOGETHER.get(parts)
-    if statement is None:
-        *first, last = (_statement(t, c, u, f"u{i}", rows) for i, (t, c, u, rows) in enumerate(parts))
-        statement = _TOGETHER[parts] = last.add_cte(*(w.cte(f"u{i}") for i, w in enumerate(first)))
-    return statement
+    """Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence
+    of parts: each part but the last a data-modifying CTE of the last."""
+    *first, last = (_statement(t, c, u, f"u{i}", rows) for i, (t, c, u, rows) in enumerate(parts))
+    return last.add_cte(*(w.cte(f"u{i}") for i, w in enumerate(first)))
 
 
 def _given_defaults(write: Write) -> Write:
@@ -113,16 +101,16 @@ def _given_defaults(write: Write) -> Write:
     of one statement whose tables have a column of the same name would share one."""
     if write.key is not None:
         return write
-    defaults = _DEFAULTS.get(write.table)
-    if defaults is None:
-        columns = write.table.columns
-        defaults = _DEFAULTS[write.table] = [(c.key, c.default) for c in columns if c.default is not None]
+    defaults = _python_defaults(write.table)
     # Only scalar and callable defaults exist (SQLAlchemy wraps a callable to take a context).
     values = {key: d.arg(None) if d.is_callable else d.arg for key, d in defaults if key not in write.values}  # type: ignore[attr-defined]
     return Write(write.table, {**values, **write.values}) if values else write
 
 
-_DEFAULTS: dict[Table, list[tuple[str, Any]]] = {}
+@cache
+def _python_defaults(table: Table) -> list[tuple[str, Any]]:
+    """The columns of `table` with a Python-side default, and the defaults."""
+    return [(c.key, c.default) for c in table.columns if c.default is not None]
 
 
 def _parts(writes: Sequence[Write]) -> list[list[Write]]:
