@@ -65,6 +65,11 @@ class JobsArrived:
         return f"{token}:{body}"
 
     @staticmethod
+    def of_request(request_id: str, any_model: bool, models: Sequence[str] | None, jobs: int) -> JobsArrived:
+        """A request's jobs, naming no model when any model may serve it."""
+        return JobsArrived(request_id, () if any_model else tuple(models or ()), jobs)
+
+    @staticmethod
     def parse(body: str) -> JobsArrived | None:
         """A payload's body as `payload` wrote it (None: not one)."""
         try:
@@ -108,13 +113,11 @@ class Notifier:
         keys = pending.setdefault(self, {})
         keys[key] = keys.get(key, False) or remote
 
-    def jobs_on_commit(
-        self, session: AsyncSession, request_id: str, models: Sequence[str], jobs: int
-    ) -> None:
-        """Tell the waiting pops, here and in every process, that `jobs` of the request may be
-        taken, when this session's transaction commits. `models`: the request's (empty: any)."""
+    def jobs_on_commit(self, session: AsyncSession, arrived: JobsArrived) -> None:
+        """Tell the waiting pops, here and in every process, that `arrived.jobs` of the request may
+        be taken, when this session's transaction commits."""
         pending: dict[Notifier, list[JobsArrived]] = session.info.setdefault(_PENDING_JOBS, {})
-        pending.setdefault(self, []).append(JobsArrived(request_id, tuple(models), jobs))
+        pending.setdefault(self, []).append(arrived)
 
     def _publish_jobs(self, session: Session, arrived: list[JobsArrived]) -> None:
         session.execute(_NOTIFY_JOBS, {"payloads": [one.payload(self.token) for one in arrived]})

@@ -326,6 +326,5 @@ async def changed_requests(
     if len(rows) > WATCH_ROWS:
         return newest, None
     return newest, [
-        JobsArrived(rid, () if any_model else tuple(models or ()), int(left))
-        for rid, any_model, models, left in rows
+        JobsArrived.of_request(rid, any_model, models, int(left)) for rid, any_model, models, left in rows
     ]

@@ -8,6 +8,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.accounts import kudos, limits
 from horde_lite.core.context import Horde
+from horde_lite.core.notify import JobsArrived
 from horde_lite.db.models import AssignmentRecord, Generation, TextRequest, Worker
 from horde_lite.policies.protocols import Outcome
 
@@ -89,8 +90,8 @@ async def give_back(
         await maybe_finish(session, request)
         return
     request.n_remaining += 1  # with none left before, its entries come back at its old place
-    models = [] if request.any_model else request.models
-    horde.notifier.jobs_on_commit(session, request.id, models, 1)  # a waiting pop may take it again
+    arrived = JobsArrived.of_request(request.id, request.any_model, request.models, 1)
+    horde.notifier.jobs_on_commit(session, arrived)  # a waiting pop may take it again
 
 
 async def shadow_outcome(

@@ -18,6 +18,7 @@ from horde_lite.accounts.users import Requester, authenticate, check_shared_key
 from horde_lite.core.context import Caller, Horde, InForce
 from horde_lite.core.errors import HordeError
 from horde_lite.core.modes import refuse_new_requests
+from horde_lite.core.notify import JobsArrived
 from horde_lite.db.models import (
     AdmissionRecord,
     CandidateRecord,
@@ -500,7 +501,9 @@ async def admit(
         )  # fmt: skip
     await _insert(session, row, _records(in_force.policies.names, spec, judged, read, row.id, now))
     # Waiting pops that may take its jobs try again once it commits (jobs/pop_waiters.py).
-    horde.notifier.jobs_on_commit(session, row.id, [] if row.any_model else row.models, row.n_remaining)
+    horde.notifier.jobs_on_commit(
+        session, JobsArrived.of_request(row.id, row.any_model, row.models, row.n_remaining)
+    )
     if counted:
         await limits.note_admission(session, spec.requester, row.id, reserved, now)
     shared = spec.requester.shared_key
