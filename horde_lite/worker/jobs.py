@@ -48,7 +48,7 @@ class ChatOutput:
         if chunk.content or chunk.tool_calls:
             self.pieces += 1
         self.finish_reason = chunk.finish_reason or self.finish_reason
-        self.usage = chunk.usage or self.usage
+        self.usage = {**self.usage, **(chunk.usage or {})}
 
     def _merge(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index", 0)
@@ -74,7 +74,7 @@ class ChatOutput:
                 for c in sorted(self.tool_calls, key=lambda c: c["index"])
             ]
         finish = self.finish_reason or ("tool_calls" if self.tool_calls else "length" if stopped else "stop")
-        usage = dict(self.usage) or {"completion_tokens": self.completion_tokens}
+        usage = {**self.usage, "completion_tokens": self.completion_tokens}
         return {"message": message, "finish_reason": finish, "usage": usage}
 
 
