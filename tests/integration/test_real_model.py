@@ -97,6 +97,15 @@ class Stack:
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
 
+    async def logged(self, needle: str) -> str:
+        """The worker's first log line holding `needle`, once written (it logs after the horde
+        answered its submit, so after the request shows done)."""
+        deadline = time.monotonic() + PATIENCE
+        while not (lines := [x for x in self.log_text().splitlines() if needle in x]):
+            assert time.monotonic() < deadline, f"never logged {needle!r}: {self.log_text()}"
+            await asyncio.sleep(0.05)
+        return lines[0]
+
 
 def worker_command(horde_url: str, model: ModelServer, *extra: str) -> list[str]:
     return [
@@ -257,7 +266,7 @@ async def test_a_client_that_leaves_mid_stream_cancels_and_the_worker_is_paid_fo
     assert generation["text"].startswith(seen)
     tokens = generation["chat"]["usage"]["completion_tokens"]
     assert 0 < tokens < 512
-    assert "stopped early (cancel: true)" in stack.log_text()
+    assert "stopped early (cancel: true)" in await stack.logged("submitted (chat stream)")
     record = await stack.worker_record()
     assert record is not None
     assert record["kudos_rewards"] == await stack.reward_for(request_id, stack.model.model, tokens) > 0
@@ -272,7 +281,7 @@ async def test_the_horde_sdk_gets_real_text(stack: Stack) -> None:
     assert answer.done, answer
     [text] = answer.texts
     assert text.strip()
-    [line] = [x for x in stack.log_text().splitlines() if "submitted (text)" in x]
+    line = await stack.logged("submitted (text)")
     logged = re.search(r": (\d+) tokens in", line)
     assert logged is not None
     _, _, tokens = await stack.priced(answer.request_id)
