@@ -49,14 +49,18 @@ def sample_seconds(tokens: int, elapsed: float) -> float:
     return max(elapsed, MIN_SAMPLE_SECONDS, tokens / MAX_SAMPLE_TOKENS_PER_SECOND)
 
 
-def _believed_usage(usage: dict[str, int], tokens: int) -> dict[str, int]:
-    """The reported usage with completion_tokens capped to what was counted."""
-    if usage.get("completion_tokens", 0) <= tokens:
-        return usage
-    capped = {**usage, "completion_tokens": tokens}
-    if "total_tokens" in usage:
-        capped["total_tokens"] = usage.get("prompt_tokens", 0) + tokens
-    return capped
+def _believed_usage(usage: dict[str, int], tokens: int, context: int) -> dict[str, int]:
+    """The reported usage as shown to the client: completion_tokens capped to what was counted,
+    prompt_tokens left out when it is more than the worker's declared context holds (the client
+    then sees the horde's estimate), and total_tokens, when sent, the sum of what is kept."""
+    believed = dict(usage)
+    if believed.get("completion_tokens", 0) > tokens:
+        believed["completion_tokens"] = tokens
+    if believed.get("prompt_tokens", 0) > context:
+        del believed["prompt_tokens"]
+    if "total_tokens" in believed:
+        believed["total_tokens"] = believed.get("prompt_tokens", 0) + believed.get("completion_tokens", 0)
+    return believed
 
 
 # The job's request, found through its generation, read fresh (`populate_existing`) and locked FOR
@@ -194,7 +198,9 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         generation.chat_result = {
             "message": body.chat.message,
             "finish_reason": body.chat.finish_reason,
-            "usage": _believed_usage(body.chat.usage, tokens),
+            "usage": _believed_usage(
+                body.chat.usage, tokens, worker.chat_max_context_tokens or worker.max_context_length
+            ),
         }
     generation.state = "censored" if body.state in ("censored", "csam") else "ok"
     generation.text = text

@@ -15,6 +15,7 @@ from horde_lite.worker.config import WorkerConfig
 from horde_lite.worker.runner import Worker
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
+KEY_ENV = "HORDE_LITE_WORKER_KEY"
 
 
 @click.command(
@@ -23,9 +24,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
     "or with the built-in simulator (--simulate).",
 )
 @click.option("--horde", "horde_url", required=True, help="The horde's base URL, e.g. http://127.0.0.1:8000.")
-@click.option(
-    "--key", required=True, envvar="HORDE_LITE_WORKER_KEY", help="Your API key (or HORDE_LITE_WORKER_KEY)."
-)
+@click.option("--key", envvar=KEY_ENV, help=f"Your API key (or {KEY_ENV}, which keeps it out of ps).")
 @click.option("--name", required=True, help="The worker's name, unique on the horde.")
 @click.option("--backend", "backend_url", help="The model server, e.g. http://127.0.0.1:8080/v1.")
 @click.option(
@@ -46,7 +45,9 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
     "--max-length", type=click.IntRange(16, 65536), help="Largest legacy output (default: half the context)."
 )
 @click.option(
-    "--max-context-length", type=click.IntRange(80), help="Context (default: the backend's, else 4096)."
+    "--max-context-length",
+    type=click.IntRange(80),
+    help="Context (default: the backend's; required when the backend does not say it).",
 )
 @click.option(
     "--max-completion-tokens", type=click.IntRange(1), help="Chat: largest output (default: max-length)."
@@ -104,7 +105,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(message)s"
 @click.option("--verbose", is_flag=True, help="Log HTTP requests too.")
 def worker(
     horde_url: str,
-    key: str,
+    key: str | None,
     name: str,
     backend_url: str | None,
     backend_type: str,
@@ -128,6 +129,8 @@ def worker(
     wait_seconds: int,
     verbose: bool,
 ) -> None:
+    if not key:  # checked here, not by click, so the message can name the environment variable
+        raise click.UsageError(f"missing the owner's API key: give --key KEY or set {KEY_ENV}")
     if (backend_url is None) == (simulate is None):
         raise click.UsageError("give exactly one of --backend URL and --simulate TOKENS_PER_SECOND")
     if simulate is not None and simulate <= 0:

@@ -9,7 +9,6 @@ from horde_lite import __version__
 from horde_lite.worker.backends.base import Discovered
 
 BRIDGE_AGENT = f"horde-lite worker:{__version__}:unknown"  # upstream's "name:version:url"
-DEFAULT_CONTEXT = 4096  # when neither the backend nor a flag says
 MAX_DEFAULT_OUTPUT = 4096  # the default max_length is half the context, at most this
 
 
@@ -45,7 +44,15 @@ def declarations(config: WorkerConfig, found: Discovered) -> dict[str, Any]:
     models = config.models or found.models
     if not models:
         raise ConfigError("the backend lists no model: name the model(s) to serve with --model")
-    context = max(80, config.max_context_length or found.context or DEFAULT_CONTEXT)
+    # No guess: a context the model server does not have would be offered prompts it must refuse.
+    said = config.max_context_length or found.context
+    if said is None:
+        raise ConfigError(
+            "the backend does not say its context: give --max-context-length N, the context the "
+            "model server was started with (llama.cpp's -c or --n_ctx, Ollama's num_ctx, vLLM's "
+            "--max-model-len); the worker does not guess it"
+        )
+    context = max(80, said)
     max_length = config.max_length or found.max_output or min(context // 2, MAX_DEFAULT_OUTPUT)
     body: dict[str, Any] = {
         "name": config.name,

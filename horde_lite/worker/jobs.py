@@ -22,6 +22,14 @@ LEASE_MARGIN = 5.0  # a job that does not stream must be submitted this long bef
 FAULT_TIMEOUT = 10.0  # how long a fault report may take while shutting down
 
 
+def legacy_tokens(text: str, payload: dict[str, Any]) -> int:
+    """A legacy text's tokens as the horde counts them (no count travels with the text): one per
+    4 characters, never more than the job's `max_length` (what it allowed, and what is paid)."""
+    counted = math.ceil(len(text) / 4)
+    allowed = payload.get("max_length")
+    return min(counted, allowed) if isinstance(allowed, int) and allowed > 0 else counted
+
+
 @dataclass
 class ChatOutput:
     """A chat completion put together from its chunks."""
@@ -40,7 +48,7 @@ class ChatOutput:
         if chunk.content or chunk.tool_calls:
             self.pieces += 1
         self.finish_reason = chunk.finish_reason or self.finish_reason
-        self.usage = chunk.usage or self.usage
+        self.usage = {**self.usage, **(chunk.usage or {})}
 
     def _merge(self, fragment: dict[str, Any]) -> None:
         index = fragment.get("index", 0)
@@ -66,7 +74,7 @@ class ChatOutput:
                 for c in sorted(self.tool_calls, key=lambda c: c["index"])
             ]
         finish = self.finish_reason or ("tool_calls" if self.tool_calls else "length" if stopped else "stop")
-        usage = dict(self.usage) or {"completion_tokens": self.completion_tokens}
+        usage = {**self.usage, "completion_tokens": self.completion_tokens}
         return {"message": message, "finish_reason": finish, "usage": usage}
 
 
@@ -167,7 +175,7 @@ class JobRunner:
                 raise BackendError(f"no answer within the job's lease ({limit:.0f} s)") from e
             reward = await self.api.submit({"id": gen_id, "generation": text, "state": "ok"})
             done.append(gen_id)
-            self._done(gen_id, "text", math.ceil(len(text) / 4), started, reward, "")
+            self._done(gen_id, "text", legacy_tokens(text, payload), started, reward, "")
 
     @staticmethod
     def _done(gen_id: str, kind: str, tokens: int, started: float, reward: float | None, note: str) -> None:

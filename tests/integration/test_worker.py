@@ -19,6 +19,7 @@ from tests.support.fake_backend import (
     HOLD_TOKENS,
     LEGACY_TEXT,
     MODEL_ID,
+    RAMBLE,
     TOKENS,
     TOOL_ARGS,
     FakeBackend,
@@ -232,3 +233,36 @@ async def test_a_lost_progress_answer_is_retried_with_the_same_seq(lite: Rig) ->
     assert lite.proxy.progress[1] == lite.proxy.progress[2]  # the same body again
     assert set(lite.proxy.answers) == {200}  # the repeat was acknowledged
     assert text == FULL  # and nothing was relayed twice
+
+
+async def test_a_backend_that_does_not_say_its_context_stops_the_worker_naming_the_flag(lite: Rig) -> None:
+    with Served(FakeBackend(context=None)) as silent:
+        worker = lite.worker("guessless", backend_url=f"{silent.url}/v1", chat=False)
+        assert await asyncio.wait_for(worker.run(), PATIENCE) == 1
+    assert worker.fatal is not None
+    assert "the backend does not say its context: give --max-context-length N" in worker.fatal
+    assert await lite.worker_record("guessless") is None  # it never popped, so declared nothing
+    with Served(FakeBackend(context=None)) as silent:
+        flagged = lite.worker("flagged", backend_url=f"{silent.url}/v1", chat=False, max_context_length=2048)
+        async with running(flagged):
+            await lite.online("flagged")
+    record = await lite.worker_record("flagged")
+    assert record is not None
+    assert record["max_context_length"] == 2048
+
+
+async def test_the_log_counts_a_legacy_job_at_most_what_it_allowed(
+    lite: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="horde_lite.worker")
+    created = await lite.http.post(
+        "/api/v2/generate/text/async",
+        json={"prompt": "ramble", "params": {"max_length": 16}, "models": [MODEL]},
+        headers={"apikey": lite.key},
+    )
+    assert created.status_code == 202, created.text
+    async with running(lite.worker("rambler", chat=False)):
+        status = await lite.until_done(created.json()["id"])
+    assert [g["text"] for g in status["generations"]] == [RAMBLE]  # kept as sent, 39 tokens' worth
+    [line] = [r.getMessage() for r in caplog.records if "submitted (text)" in r.getMessage()]
+    assert ": 16 tokens in" in line

@@ -89,3 +89,15 @@ def test_demo_runs_for_a_bounded_time_and_completes_jobs(tmp_path: Path) -> None
     assert "lease tok/s" in out
     assert "free allowance (/metrics)" in out
     assert "Traceback" not in out, out
+
+
+def test_a_missing_key_names_its_environment_variable(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "HORDE_LITE_WORKER_KEY"}
+    args = ["--horde", "http://127.0.0.1:9", "--name", "keyless", "--simulate", "20", "--model", MODEL]
+    result = subprocess.run(
+        [sys.executable, "-m", "horde_lite.worker", *args],
+        capture_output=True, text=True, timeout=60, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "give --key KEY or set HORDE_LITE_WORKER_KEY" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -10,6 +10,9 @@ it does is chosen by the last user message:
 - `"fail"`: HTTP 500;
 - anything else: TOKENS tokens at once.
 
+A legacy prompt `"ramble"` is answered with more text than any job allows (RAMBLE). With
+`context=None` it says nothing of its context (no `/props`), as llama-cpp-python's server.
+
 It records every request body, and whether a stream was closed by the client before it ended.
 """
 
@@ -32,6 +35,7 @@ HOLD_TOKENS = 3
 AFTER_HOLD_PAUSE = 0.1
 TOOL_ARGS = '{"city": "Paris", "days": 2}'
 LEGACY_TEXT = " and they all lived happily ever after."
+RAMBLE = LEGACY_TEXT * 4  # 156 characters: 39 tokens by the horde's count
 CONTEXT = 8192
 MODEL_ID = "fake-model.gguf"
 
@@ -66,6 +70,7 @@ class FakeBackend:
     closed_early: int = 0  # streams the client closed before they ended
     finished: int = 0  # streams sent to the end
     gate: threading.Event = field(default_factory=threading.Event)
+    context: int | None = CONTEXT
 
     def release(self) -> None:
         self.gate.set()
@@ -83,12 +88,11 @@ class FakeBackend:
         self.requests.append((path, body))
         if path == "/v1/models":
             await _json(send, 200, {"object": "list", "data": [{"id": MODEL_ID, "object": "model"}]})
-        elif path == "/props":
-            await _json(send, 200, {"default_generation_settings": {"n_ctx": CONTEXT}})
+        elif path == "/props" and self.context is not None:
+            await _json(send, 200, {"default_generation_settings": {"n_ctx": self.context}})
         elif path == "/v1/completions":
-            await _json(
-                send, 200, {"choices": [{"text": LEGACY_TEXT, "index": 0, "finish_reason": "length"}]}
-            )
+            text = RAMBLE if body.get("prompt") == "ramble" else LEGACY_TEXT
+            await _json(send, 200, {"choices": [{"text": text, "index": 0, "finish_reason": "length"}]})
         elif path == "/v1/chat/completions":
             await self._chat(body, receive, send)
         else:

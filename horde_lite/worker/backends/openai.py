@@ -7,6 +7,7 @@ parameters mapped by `completion_params` (docs/reference/worker.md lists what is
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import AsyncIterator
 from typing import Any
@@ -52,6 +53,12 @@ def served_model(job_model: str, backend_models: list[str]) -> str:
 
 
 _NUM_CTX = re.compile(r"^\s*num_ctx\s+(\d+)", re.MULTILINE)
+# How long the prompt count may take (a one-token answer to a prompt the server has just read).
+COUNT_TIMEOUT = 10.0
+
+
+def _count(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
 
 class OpenAIBackend:
@@ -125,14 +132,36 @@ class OpenAIBackend:
             return False
         return response.status_code < 500  # llama-server answers 503 while it loads the model
 
-    def chat(self, model: str, payload: dict[str, Any]) -> AsyncIterator[Chunk]:
+    async def chat(self, model: str, payload: dict[str, Any]) -> AsyncIterator[Chunk]:
+        """The backend's stream; when it carries no prompt count (llama-cpp-python's server sends
+        no usage in a stream), one last chunk with the count `prompt_tokens` asks for."""
         body = {
             **payload,
             "model": served_model(model, self.backend_models),
             "stream": True,
             "stream_options": {"include_usage": True},
         }
-        return stream_chat(self.http, f"{self.v1}/chat/completions", body, "chat completion")
+        counted = False
+        stream = stream_chat(self.http, f"{self.v1}/chat/completions", body, "chat completion")
+        async with contextlib.aclosing(stream):
+            async for chunk in stream:
+                counted = counted or _count((chunk.usage or {}).get("prompt_tokens")) is not None
+                yield chunk
+        if not counted and (prompt := await self.prompt_tokens(body)) is not None:
+            yield Chunk(usage={"prompt_tokens": prompt})
+
+    async def prompt_tokens(self, body: dict[str, Any]) -> int | None:
+        """The server's own count of a chat request's prompt (its template applied): the `usage`
+        of the same request answered whole with one token. The server has just read that prompt,
+        so it is cheap where the server keeps its prompt cache. None when the server does not say."""
+        asked = {k: v for k, v in body.items() if k not in ("stream_options", "max_completion_tokens")}
+        asked.update(stream=False, max_tokens=1)
+        try:
+            response = await self.http.post(f"{self.v1}/chat/completions", json=asked, timeout=COUNT_TIMEOUT)
+            usage = response.json().get("usage") if response.status_code < 400 else None
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return None
+        return _count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
 
     async def text(self, model: str, payload: dict[str, Any]) -> str:
         body = {**completion_params(payload), "model": served_model(model, self.backend_models)}

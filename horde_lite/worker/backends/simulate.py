@@ -49,6 +49,8 @@ WORDS = [
     "moon",
 ]
 TICK = 0.05  # seconds between two emitted pieces
+# The simulator has no model, so any context is true of it; this one is declared unless a flag says.
+SIMULATED_CONTEXT = 4096
 
 
 def sample(schema: Any, depth: int = 0) -> Any:
@@ -129,7 +131,7 @@ class SimulatedBackend:
         self.random = random.Random(seed)
 
     async def discover(self, models: list[str]) -> Discovered:
-        return Discovered(models=list(models), source="flags (simulated)")
+        return Discovered(models=list(models), context=SIMULATED_CONTEXT, source="flags (simulated)")
 
     async def healthy(self) -> bool:
         return True
