@@ -45,8 +45,9 @@ def render(
     headline: str,
     served_by: dict[str, int],
     explainer: Explainer,
-    answer: tuple[str, str],
+    answers: list[tuple[str, str, str]],
 ) -> str:
+    """The board; `answers`: (label, kind, text) of what the clients got, e.g. the last answer."""
     p = explainer.policies
     lines = [
         headline,
@@ -85,8 +86,7 @@ def render(
     lines.append("")
     lines.append("allowance (/metrics): " + ", ".join(f"{k} {decisions[k]}" for k in ADMISSION_OUTCOMES))
     lines.append(f"speed gate (/metrics): over-capacity jobs {over}, capacity-limited pops {limited}")
-    kind, text = answer
-    if text:
-        flat = " ".join(text.split())
-        lines.append(f'last answer ({kind}): "{flat}"')
+    for label, kind, text in answers:
+        if text:
+            lines.append(f'{label} ({kind}): "{" ".join(text.split())}"')
     return "\n".join(fit(line) for line in lines)

@@ -158,6 +158,7 @@ async def _demo(work: Path, url: str, suffix: str, options: Options) -> int:
     loading: asyncio.Task[None] | None = None
     started = time.monotonic()
     refreshes = 0
+    frame = ""
     code = 0
     try:
         async with httpx.AsyncClient(base_url=server.url, timeout=10.0) as http:
@@ -174,7 +175,8 @@ async def _demo(work: Path, url: str, suffix: str, options: Options) -> int:
                 with contextlib.suppress(httpx.HTTPError, ValueError, KeyError):
                     snap = await snapshot(http)
                     new = await explainer.read(http, keys[operator], snap["workers"])
-                    frame = render(snap, load.tally, headline, served, explainer, load.answer)
+                    answers = [("streaming", *load.streaming), ("last answer", *load.answer)]
+                    frame = render(snap, load.tally, headline, served, explainer, answers)
                     if tty:
                         click.echo("\x1b[H\x1b[2J" + frame)
                     else:  # a log: the new decisions as they come, the board every ten refreshes
@@ -185,6 +187,8 @@ async def _demo(work: Path, url: str, suffix: str, options: Options) -> int:
                     refreshes += 1
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), options.refresh)
+            if frame and not tty:  # the board as it ended
+                click.echo("\n" + frame)
     finally:
         click.echo("\nstopping: clients, then workers (jobs in hand end), then the server")
         if loading is not None:

@@ -81,7 +81,8 @@ class Load:
         self.tally = Tally()
         self.http = httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(GIVE_UP, connect=5.0))
         self.tasks: set[asyncio.Task[None]] = set()
-        self.answer = ("", "")  # (kind, text) of the answer streamed or served last
+        self.answer = ("", "")  # (kind, text) of the answer served last
+        self.streaming = ("", "")  # (kind, text so far) of the answer streaming last
 
     async def run(self) -> None:
         clients: list[tuple[float, Callable[[], Awaitable[None]]]] = [
@@ -206,9 +207,10 @@ class Load:
                         return
                     if line.startswith("data: {"):
                         text += _delta_text(line[6:])
-                        self.answer = (kind, text)
+                        self.streaming = (kind, text)
                     if line == "data: [DONE]":
                         self.tally.add(kind, "served")
+                        self.answer, self.streaming = (kind, text), ("", "")
                         return
                 self.tally.add(kind, "failed", "the stream ended without [DONE]")
         except httpx.HTTPError as e:

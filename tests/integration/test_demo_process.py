@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_backend import CONTEXT, MODEL_ID, FakeBackend, Served
+
 ROOT = Path(__file__).resolve().parents[2]
 SECONDS = 15
 
@@ -81,3 +83,23 @@ def test_an_unreachable_model_server_is_one_clear_line(db_url: str, tmp_path: Pa
     assert "the model server at http://127.0.0.1:9/v1 does not answer" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert all(len(line) <= 80 for line in (done.stdout + done.stderr).splitlines())
+
+
+@pytest.mark.slow
+def test_model_server_the_fleet_bridges_it(db_url: str, tmp_path: Path) -> None:
+    """--model-server: the workers bridge an OpenAI-compatible server with the worker's own
+    backend (here the fake one the worker tests use; the real model's test is marked real_model)."""
+    with Served(FakeBackend()) as fake:
+        done = run_demo(db_url, tmp_path, "--model-server", f"{fake.url}/v1", seconds=10)
+    out = done.stdout
+    assert done.returncode == 0, out + done.stderr
+    assert all(len(line) <= 80 for line in (out + done.stderr).splitlines())
+    assert f"model server: {MODEL_ID}, context {CONTEXT:,} tokens" in out
+    assert re.search(r"workers: model-(chat|legacy)-\w+ registered \(2 of 2\)", out), out
+    served = re.search(r"^demo finished: served (\d+),", out, re.MULTILINE)
+    assert served, out
+    assert int(served.group(1)) > 0, out
+    assert "last answer (" in out
+    assert "horde hummed" in out or "happily ever after" in out  # the model server's own words
+    # The 6,000-token requests: no worker of this 8,192-token context can take them.
+    assert "  refused: 6,000 > allowance 512, no eligible worker (estimated_wait)" in out
