@@ -30,6 +30,7 @@ from horde_lite.db import migrate
 from horde_lite.db.models import Base
 from horde_lite.settings import Settings
 from tests.support.horde import HordeClient
+from tests.support.model_server import model_server  # noqa: F401 (the session's model server)
 from tests.support.postgres import PostgresTarget, require_postgres, resolve_postgres
 
 # Each test run gets its own database on the server, dropped when the run ends, so two runs against
