@@ -145,8 +145,9 @@ async def _demo(work: Path, url: str, suffix: str, options: Options) -> int:
     volunteer, alice, operator = f"volunteer{suffix}", f"alice{suffix}", f"operator{suffix}"
     keys = await make_users(url, {volunteer: 0, alice: 50_000, operator: 0}, moderators=(operator,))
     say("database: migrated")
-    say(f"users: {volunteer} (the workers'), {alice} (a client, 50,000 kudos),")
-    say(f"       {operator} (a moderator: reads the decisions)")
+    say(f"users: {volunteer} (runs the workers)")
+    say(f"users: {alice} (a client with 50,000 kudos)")
+    say(f"users: {operator} (a moderator: reads the decisions)")
     say("server: starting horde-lite run")
     server = await Server.start(
         url, work / "server.log", waiting=lambda s: say(f"server: starting ({s:.0f} s)")
