@@ -143,7 +143,8 @@ async def _demo(work: Path, url: str, suffix: str, options: Options) -> int:
     say(f"database: {url.split('://')[0]}, migrating")
     await migrate_database(url)
     volunteer, alice, operator = f"volunteer{suffix}", f"alice{suffix}", f"operator{suffix}"
-    keys = await make_users(url, {volunteer: 0, alice: 50_000, operator: 0}, moderators=(operator,))
+    users = {volunteer: 0.0, alice: 50_000.0, operator: 0.0}
+    keys = await make_users(url, users, moderators=(operator,), migrated=True)
     say("database: migrated")
     say(f"users: {volunteer} (runs the workers)")
     say(f"users: {alice} (a client with 50,000 kudos)")
@@ -155,7 +156,7 @@ async def _demo(work: Path, url: str, suffix: str, options: Options) -> int:
     say(f"server: up at {server.url}")
     fleet = Fleet.start(server.url, keys[volunteer], suffix, model=model, specs=specs, backend=backend)
     load = Load(server.url, keys[alice], model=model, real_model=bool(options.model_server))
-    explainer = Explainer(after=0.0 if suffix == "" else time.time() - 60)
+    explainer = Explainer(after=0.0 if suffix == "" else time.time())  # a shared database: ours only
     loading: asyncio.Task[None] | None = None
     started = time.monotonic()
     refreshes = 0

@@ -34,9 +34,13 @@ async def migrate_database(url: str) -> None:
     await asyncio.to_thread(migrate.upgrade, url)  # it runs its own event loop
 
 
-async def make_users(url: str, names: dict[str, float], moderators: tuple[str, ...] = ()) -> dict[str, str]:
+async def make_users(
+    url: str, names: dict[str, float], moderators: tuple[str, ...] = (), *, migrated: bool = False
+) -> dict[str, str]:
     """Create each user with its kudos (trusted, so their workers count as trusted; `moderators`
-    may read the operator routes); name -> key."""
+    may read the operator routes), migrating the database first unless it is `migrated`; name -> key."""
+    if not migrated:
+        await migrate_database(url)
     engine = make_engine(url, null_pool=True)
     keys: dict[str, str] = {}
     try:
