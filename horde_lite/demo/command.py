@@ -31,7 +31,7 @@ from horde_lite.demo.decisions import Explainer, fit, wrapped
 from horde_lite.demo.fleet import FLEET, MODEL, Fleet, bridging, model_fleet, simulated
 from horde_lite.demo.load import Load
 from horde_lite.demo.server import Server, make_users, migrate_database
-from horde_lite.worker.backends.base import BackendDown
+from horde_lite.worker.backends.base import BackendDown, BackendError
 from horde_lite.worker.backends.openai import OpenAIBackend
 
 
@@ -111,6 +111,9 @@ async def _model(options: Options, say: Steps) -> tuple[str, int] | None:
         found = await backend.discover([])
     except BackendDown as e:
         say(f"the model server at {options.model_server} does not answer: {e}")
+        return None
+    except BackendError as e:  # not a URL it can read (no http://), or not an OpenAI-style answer
+        say(f"the model server at {options.model_server} cannot be read: {e}")
         return None
     finally:
         await backend.aclose()

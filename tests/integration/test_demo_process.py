@@ -77,10 +77,14 @@ def test_the_demo_explains_its_decisions_in_80_columns(db_url: str, tmp_path: Pa
     assert "last answer (" in out
 
 
-def test_an_unreachable_model_server_is_one_clear_line(db_url: str, tmp_path: Path) -> None:
-    done = run_demo(db_url, tmp_path, "--model-server", "http://127.0.0.1:9/v1", seconds=5)
+@pytest.mark.parametrize(
+    ("url", "said"),
+    [("http://127.0.0.1:9/v1", "does not answer"), ("127.0.0.1:9/v1", "cannot be read")],
+)
+def test_an_unusable_model_server_is_one_clear_line(db_url: str, tmp_path: Path, url: str, said: str) -> None:
+    done = run_demo(db_url, tmp_path, "--model-server", url, seconds=5)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert "the model server at http://127.0.0.1:9/v1 does not answer" in done.stdout
+    assert f"the model server at {url} {said}" in done.stdout
     assert "Traceback" not in done.stdout + done.stderr
     assert all(len(line) <= 80 for line in (done.stdout + done.stderr).splitlines())
 
