@@ -371,7 +371,8 @@ class PoliciesSettings(_Table):
 class HttpSettings(_Table):
     # Origins a browser may call the API from (CORS); ["*"] is any origin, as upstream; [] turns CORS off.
     cors_origins: list[str] = msgspec.field(default_factory=lambda: ["*"])
-    # GET /operator/policies without a moderator's key (a horde on a private network).
+    # GET /operator/policies and /operator/decisions, and the dashboard, without a moderator's key (a
+    # horde on a private network).
     open_operator_pages: bool = False
 
 

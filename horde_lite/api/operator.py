@@ -1,5 +1,6 @@
 """GET /operator/policies: the policy in force per kind (the database's) and what this process
-applies, for operators and their dashboards (docs/reference/operators.md).
+applies; GET /operator/decisions: the policies' recent decisions one by one (what `horde-lite demo`
+explains). For operators and their dashboards (docs/reference/operators.md).
 
 A moderator's own key in the `apikey` header, or nobody's with `[http] open_operator_pages`
 (`moderator_guard`)."""
@@ -10,10 +11,11 @@ from typing import Any
 
 import msgspec
 from litestar import get
+from litestar.params import FromQuery
 
 from horde_lite.api.deps import HordeDep
 from horde_lite.api.guards import moderator_guard
-from horde_lite.operators import policy_state
+from horde_lite.operators import decisions, policy_state
 
 
 class OperatorPolicy(msgspec.Struct, kw_only=True):
@@ -62,4 +64,20 @@ async def operator_policies(horde: HordeDep) -> OperatorPolicies:
     )
 
 
-ROUTES = [operator_policies]
+class OperatorDecisions(msgspec.Struct, kw_only=True):
+    admissions: list[decisions.Admission]  # oldest first, at most DECISIONS_LIMIT
+    assignments: list[decisions.Assignment]
+
+
+@get(
+    "/operator/decisions",
+    tags=["operator"],
+    summary="The policies' decisions recorded after a time",
+    guards=[moderator_guard],
+)
+async def operator_decisions(horde: HordeDep, after: FromQuery[float] = 0.0) -> OperatorDecisions:
+    admissions, assignments = await decisions.recent(horde, after)
+    return OperatorDecisions(admissions=admissions, assignments=assignments)
+
+
+ROUTES = [operator_policies, operator_decisions]

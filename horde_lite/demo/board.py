@@ -1,6 +1,7 @@
-"""The demo's live table, read from the server like any dashboard would: the workers' lease speed
-and capacity from GET /api/v2/workers, the queue from GET /api/v2/status/models, the speed gate's
-and the free allowance's decisions from GET /metrics; request outcomes from the demo's clients."""
+"""The demo's live board, 80 columns wide, read from the server like any dashboard would: the
+workers' lease speed and capacity from GET /api/v2/workers, the queue from
+GET /api/v2/status/models, the totals from GET /metrics, each notable decision from the operator
+routes (demo/decisions.py); request outcomes and the last answer from the demo's own clients."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ from typing import Any
 
 import httpx
 
+from horde_lite.demo.decisions import Explainer, fit, tokens
 from horde_lite.demo.load import KINDS, Tally
+from horde_lite.policies.kinds import PolicyKind
 from horde_lite.requests.admission_rule import ADMISSION_OUTCOMES
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)$")
@@ -36,38 +39,54 @@ async def snapshot(http: httpx.AsyncClient) -> dict[str, Any]:
     return {"workers": workers, "models": models, "metrics": metrics}
 
 
-def render(snap: dict[str, Any], tally: Tally, headline: str, served_by: dict[str, int]) -> str:
-    lines = [headline, ""]
-    lines.append(f"{'requests (clients)':22}{'waiting':>9}{'served':>9}{'refused':>9}{'failed':>9}")
+def render(
+    snap: dict[str, Any],
+    tally: Tally,
+    headline: str,
+    served_by: dict[str, int],
+    explainer: Explainer,
+    answers: list[tuple[str, str, str]],
+) -> str:
+    """The board; `answers`: (label, kind, text) of what the clients got, e.g. the last answer."""
+    p = explainer.policies
+    lines = [
+        headline,
+        f"policies: gate {p.get(PolicyKind.SPEED_GATE, '?')}, allowance "
+        f"{p.get(PolicyKind.ALLOWANCE_CURVE, '?')}, shadow {p.get(PolicyKind.SHADOW_METRICS, '?')}",
+        "",
+        f"{'requests (clients)':24}{'waiting':>9}{'served':>9}{'refused':>9}{'failed':>9}",
+    ]
     for kind in KINDS:
         c = tally.counts[kind]
-        lines.append(f"  {kind:20}{c['waiting']:>9}{c['served']:>9}{c['refused']:>9}{c['failed']:>9}")
-    lines.append("")
+        lines.append(f"  {kind:22}{c['waiting']:>9}{c['served']:>9}{c['refused']:>9}{c['failed']:>9}")
     for model in snap["models"]:
         lines.append(
-            f"queue {model['name']}: {model['jobs']} jobs, {model['queued']} tokens waiting, "
-            f"eta {model['eta']} s, {model['count']} workers"
+            f"queue {model['name']}: {model['jobs']:g} jobs, {tokens(int(model['queued']))} tokens, "
+            f"eta {model['eta']} s"
         )
     lines.append("")
-    lines.append(
-        f"{'workers (/api/v2/workers)':28}{'chat':>6}{'lease tok/s':>13}{'capacity':>10}"
-        f"{'done':>7}{'kudos':>9}{'jobs run':>10}"
-    )
+    lines.append(f"{'workers':20}{'chat':>6}{'tok/s':>8}{'capacity':>10}{'done':>7}{'kudos':>10}{'jobs':>7}")
     for w in snap["workers"]:
-        speed = "unmeasured" if w.get("lease_speed") is None else f"{w['lease_speed']:.1f}"
+        speed = "-" if w.get("lease_speed") is None else f"{w['lease_speed']:.1f}"
         chat = "-" if not w.get("chat") else ("tools" if "tools" in w["chat"]["features"] else "yes")
         lines.append(
-            f"  {w['name']:26}{chat:>6}{speed:>13}{w['capacity']:>10}{w['requests_fulfilled']:>7}"
-            f"{w['kudos_rewards']:>9.1f}{served_by.get(w['name'], 0):>10}"
+            f"  {w['name'][:18]:18}{chat:>6}{speed:>8}{tokens(w['capacity']):>10}"
+            f"{w['requests_fulfilled']:>7}{w['kudos_rewards']:>10.1f}{served_by.get(w['name'], 0):>7}"
         )
-    metrics = snap["metrics"]
-    over = metric_sums(metrics, "horde_text_gate_shadow_assignments_total", "horde_chat")
-    limited = sum(metric_sums(metrics, "horde_pop_lease_capacity_limited_total", "horde_chat").values())
-    decisions = metric_sums(metrics, "horde_text_free_allowance_decisions_total", "horde_outcome")
+    lines.append("(tok/s '-': not measured yet, capacity from the assumed speed)")
     lines.append("")
-    lines.append(
-        f"speed gate (/metrics): over-capacity jobs admitted: legacy {over['false']}, chat {over['true']}; "
-        f"pops by capacity-limited workers (refused big chat jobs while a capable one is online): {limited}"
-    )
-    lines.append("free allowance (/metrics): " + ", ".join(f"{k} {decisions[k]}" for k in ADMISSION_OUTCOMES))
-    return "\n".join(lines)
+    lines.append("decisions, newest last (GET /operator/decisions):")
+    lines.extend(f"  {line}" for line in explainer.lines)
+    if not explainer.lines:
+        lines.append("  (none yet)")
+    metrics = snap["metrics"]
+    decisions = metric_sums(metrics, "horde_text_free_allowance_decisions_total", "horde_outcome")
+    over = sum(metric_sums(metrics, "horde_text_gate_shadow_assignments_total", "horde_chat").values())
+    limited = sum(metric_sums(metrics, "horde_pop_lease_capacity_limited_total", "horde_chat").values())
+    lines.append("")
+    lines.append("allowance (/metrics): " + ", ".join(f"{k} {decisions[k]}" for k in ADMISSION_OUTCOMES))
+    lines.append(f"speed gate (/metrics): over-capacity jobs {over}, capacity-limited pops {limited}")
+    for label, kind, text in answers:
+        if text:
+            lines.append(f'{label} ({kind}): "{" ".join(text.split())}"')
+    return "\n".join(fit(line) for line in lines)

@@ -1,5 +1,6 @@
-"""The demo's horde: users written straight into the database (what `horde-lite users create`
-does), then `horde-lite run` as a child process on a free loopback port."""
+"""The demo's horde: the database migrated and its users written straight into it (what
+`horde-lite database upgrade` and `horde-lite users create` do), then `horde-lite run` as a child
+process on a free loopback port."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,16 +30,24 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def make_users(url: str, names: dict[str, float]) -> dict[str, str]:
-    """Create each user with its kudos (trusted, so their workers count as trusted); name -> key."""
+async def migrate_database(url: str) -> None:
     await asyncio.to_thread(migrate.upgrade, url)  # it runs its own event loop
+
+
+async def make_users(
+    url: str, names: dict[str, float], moderators: tuple[str, ...] = (), *, migrated: bool = False
+) -> dict[str, str]:
+    """Create each user with its kudos (trusted, so their workers count as trusted; `moderators`
+    may read the operator routes), migrating the database first unless it is `migrated`; name -> key."""
+    if not migrated:
+        await migrate_database(url)
     engine = make_engine(url, null_pool=True)
     keys: dict[str, str] = {}
     try:
         async with make_sessionmaker(engine)() as session, session.begin():
             now = Clock().now()
             for name, kudos in names.items():
-                user, key = await create_user(session, name, now, trusted=True)
+                user, key = await create_user(session, name, now, trusted=True, moderator=name in moderators)
                 if kudos:
                     await ledger.record(session, user.id, kudos, "grant", "demo", now)
                 keys[name] = key
@@ -70,13 +80,27 @@ class Server:
     log: Path
 
     @classmethod
-    async def start(cls, database_url: str, log: Path, patience: float = 60.0) -> Server:
-        port = free_port()
+    async def start(
+        cls,
+        database_url: str,
+        log: Path,
+        patience: float = 60.0,
+        waiting: Callable[[float], None] = lambda seconds: None,
+        port: int | None = None,
+    ) -> Server:
+        """Spawn the server and wait until it answers; `waiting(seconds so far)` is called about
+        once a second meanwhile."""
+        port = port or free_port()
         process = _spawn(database_url, port, log)
         server = cls(process, f"http://127.0.0.1:{port}", log)
-        deadline = time.monotonic() + patience
+        started = time.monotonic()
+        deadline = started + patience
+        told = 0
         async with httpx.AsyncClient(timeout=2.0) as http:
             while True:
+                if int(time.monotonic() - started) > told:
+                    told = int(time.monotonic() - started)
+                    waiting(time.monotonic() - started)
                 if process.poll() is not None:
                     raise RuntimeError(f"the server exited early:\n{_tail(log)}")
                 try:

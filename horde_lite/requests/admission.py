@@ -33,6 +33,7 @@ from horde_lite.inputs import ChatPayload, TextRequestInput
 from horde_lite.metrics import allowance_attributes, wait_attributes
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.policies.protocols import AllowanceInputs
+from horde_lite.queue import eligibility
 from horde_lite.queue.estimate import Estimate, estimate, horde_totals, queued_row
 from horde_lite.rc import Rc
 from horde_lite.requests import chat as chat_rules
@@ -378,7 +379,7 @@ async def declaration_gap(
                 f"online workers for {what} declare at most {most_ctx} context tokens; "
                 f"this request needs {need}"
             )
-        return None
+        return _gate_gap(in_force, spec, workers, now)
     most = max(w.max_length for w in workers)
     if most < spec.max_length:
         return _too_long(what, most, spec.max_length)
@@ -388,7 +389,27 @@ async def declaration_gap(
             f"online workers for {what} declare at most {most_ctx} context tokens; "
             f"this request asks {spec.max_context_length}"
         )
-    return None
+    return _gate_gap(in_force, spec, workers, now)
+
+
+def _gate_gap(in_force: InForce, spec: AdmissionSpec, workers: list[Worker], now: float) -> str | None:
+    """The speed gate, named with its numbers, when it alone turns away every online worker that
+    could otherwise take `spec` (the Python mirror of the eligibility check, which the contract
+    test keeps equal to the SQL the pop runs)."""
+    rules = in_force.rules(now)
+    request = eligibility.request_facts(_new_row(in_force.settings, spec, now))
+    fleet = [eligibility.worker_facts(w) for w in workers]
+    others = [w for w in fleet if eligibility.admits(w, request, rules)]
+    if not others or any(eligibility.is_eligible(w, request, fleet, rules) for w in others):
+        return None
+    field = "max_length" if spec.native_route and not spec.is_chat else "max_tokens"
+    best = max(w.capacity for w in others)
+    count = f"the {len(others)} online workers" if len(others) > 1 else "the one online worker"
+    return (
+        f"the speed gate {in_force.policies.names[PolicyKind.SPEED_GATE]} turns away {count} that "
+        f"could otherwise take it: the largest capacity is {best} tokens, below the {spec.max_length} "
+        f"{field} asked"
+    )
 
 
 def _too_long(what: str, most: int, asked: int) -> str:

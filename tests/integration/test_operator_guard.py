@@ -33,7 +33,8 @@ def test_every_operator_route_carries_the_guard(db_url: str) -> None:
             assert moderator_guard in handler.resolve_guards(), route.path
             guarded.add(route.path)
     assert guarded == {
-        "/operator/policies", "/dashboard", "/dashboard/panels/{name:str}", "/dashboard/invites",
+        "/operator/policies", "/operator/decisions", "/dashboard", "/dashboard/panels/{name:str}",
+        "/dashboard/invites",
         "/dashboard/invites/{invite:str}/revoke", "/api/v2/invites", "/api/v2/invites/{code:str}",
         "/dashboard/users/create",
         "/dashboard/users/{user_id:str}/kudos", "/dashboard/users/{user_id:str}/flags",
@@ -63,8 +64,9 @@ async def test_each_route_answers_the_turned_away_as_before(client: HordeClient)
         shared: (403, "NotModerator", only_operators),
     }
     for key, (status, rc, message) in expected.items():
-        answer = await http.get("/operator/policies", headers={"apikey": key} if key else {})
-        assert (answer.status_code, answer.json()) == (status, {"message": message, "rc": rc}), key
+        for path in ("/operator/policies", "/operator/decisions"):
+            answer = await http.get(path, headers={"apikey": key} if key else {})
+            assert (answer.status_code, answer.json()) == (status, {"message": message, "rc": rc}), key
     only_dashboard = "Only a moderator's own key opens the dashboard."
     expected_dashboard = {
         None: (401, "Sign in with a moderator's API key."),
