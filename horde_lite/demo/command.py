@@ -55,7 +55,7 @@ from horde_lite.worker.backends.openai import OpenAIBackend
 @click.option(
     "--model-context",
     type=click.IntRange(256),
-    help="The model server's context in tokens, when it does not say (default: what it says, else 2048).",
+    help="The model server's context in tokens, needed when it does not say (llama-cpp-python's server).",
 )
 def demo(
     seconds: float | None,
@@ -121,9 +121,9 @@ async def _model(options: Options, say: Steps) -> tuple[str, int] | None:
         say(f"the model server at {options.model_server} lists no model (GET /v1/models)")
         return None
     context = options.model_context or found.context
-    if context is None:
-        context = DEFAULT_MODEL_CONTEXT
-        say(f"it does not say its context: {context:,} assumed (--model-context N)")
+    if context is None:  # the worker's rule: never declare a context nobody stated
+        say("the model server says no context: give it with --model-context N")
+        return None
     say(f"model server: {found.models[0]}, context {context:,} tokens")
     return found.models[0], context
 
@@ -256,7 +256,6 @@ STOP_WORKERS_SECONDS = 30.0
 REGISTER_SECONDS = 60.0  # a model server may be slow to answer the workers' first look
 _UUID = re.compile(r"\b([0-9a-f]{8})-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}\b")
 BOARD_EVERY = 10  # without a terminal, the board every this many refreshes (decisions as they come)
-DEFAULT_MODEL_CONTEXT = 2048  # the README's llama_cpp.server --n_ctx
 
 
 async def _bounded(stopping: Coroutine[Any, Any, None], seconds: float) -> bool:

@@ -33,3 +33,13 @@ def test_the_demo_bridges_a_real_model(model_server: ModelServer, db_url: str, t
     answers = re.findall(r'^(?:last answer|streaming) \([a-z ]+\): "(.+?)(?:"|\.\.\.)$', out, re.MULTILINE)
     assert any(len(a.split()) >= 2 for a in answers), out
     assert "  refused: 6,000 > allowance 512, no eligible worker (estimated_wait)" in out
+
+
+def test_the_demo_asks_for_a_context_the_model_server_does_not_say(
+    model_server: ModelServer, db_url: str, tmp_path: Path
+) -> None:
+    """llama-cpp-python's server says no context: the demo names --model-context, never guesses."""
+    done = run_demo(db_url, tmp_path, "--model-server", model_server.url, seconds=5)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "says no context: give it with --model-context N" in done.stdout
+    assert "server: up" not in done.stdout  # stopped before starting anything
