@@ -392,7 +392,7 @@ async def test_cli_switch_reaches_both_server_processes(db_url: str, tmp_path: P
             )
             code, out = await horde_lite(tmp_path, env, "policies", "history")
             assert code == 0, out
-            switched = "speed_gate prefer_capable -> enforce_all {} (cli)"
+            switched = "speed_gate version 2: prefer_capable -> enforce_all {} (cli)"
             assert switched in out
             assert out.index(switched) < out.index("(start-up)")  # newest first
             assert out.count("(start-up)") == 3
