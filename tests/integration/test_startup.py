@@ -5,21 +5,26 @@ which version, address, database and policies it runs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
 from horde_lite import __version__
+from horde_lite.db import migrate
+from tests.conftest import is_postgres
 from tests.support.fake_backend import free_port
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
@@ -162,12 +167,14 @@ def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: str) -> None
 
 
 @contextmanager
-def server(tmp_path: Path, env: dict[str, str], port: int) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+def server(
+    tmp_path: Path, env: dict[str, str], port: int, *extra: str
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     log = tmp_path / f"server-{port}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(HORDE_LITE), *run_args(port)], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+            [str(HORDE_LITE), *run_args(port), *extra], cwd=tmp_path, env=env, stdout=out,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -212,6 +219,70 @@ def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
         assert f"port {port} on 127.0.0.1 is already in use" in message
         # The first server is unharmed.
         assert httpx.get(f"http://127.0.0.1:{port}/api/v2/status/heartbeat", timeout=5).status_code == 200
+
+
+@pytest.fixture
+def fresh_url(db_url: str, tmp_path: Path) -> Iterator[str]:
+    """An empty database of `db_url`'s kind, never migrated: a new SQLite file, or a new database
+    on the suite's PostgreSQL server (dropped afterwards)."""
+    if not is_postgres(db_url):
+        yield f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+        return
+    name = f"horde_lite_fresh_{uuid.uuid4().hex[:12]}"
+    server_url = make_url(db_url)
+
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(
+            host=server_url.host, port=server_url.port or 5432, user=server_url.username,
+            password=server_url.password, database=server_url.database,
+        )  # fmt: skip
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+FORMER_OPTIONS = (
+    '[policies]\ncandidate_allowance_curve = "horde_queue"\n'
+    "[policies.options.candidate_allowance_curve]\nmaximum = 300\n"
+)
+
+
+@pytest.mark.parametrize("verbose", [False, True], ids=["short", "verbose"])
+def test_a_fresh_database_is_migrated_in_one_line_unless_verbose(
+    tmp_path: Path, fresh_url: str, verbose: bool
+) -> None:
+    (tmp_path / "litestar.toml").write_text(FORMER_OPTIONS)
+    env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL=fresh_url)
+    port = free_port()
+    with server(tmp_path, env, port, *(["--verbose"] if verbose else [])) as (_, log):
+        lines = log.read_text().splitlines()
+    steps = migrate.pending(None)
+    said = [line for line in lines if "migration(s) applied" in line]
+    assert len(said) == 1, lines
+    assert f"database created: {len(steps)} migration(s) applied, empty -> {steps[-1]}" in said[0]
+    each = [line for line in lines if "Running upgrade" in line]
+    alembic = [line for line in lines if "alembic" in line]
+    if verbose:
+        assert len(each) == len(steps), lines
+        assert "--verbose" not in said[0]
+    else:
+        assert (each, alembic) == ([], []), lines
+        assert "(`horde-lite run --verbose` or HORDE_LITE_VERBOSE=1 lists them)" in said[0]
+    # Then where it listens and which database, after the migrations.
+    listening = next(i for i, line in enumerate(lines) if f"running on http://127.0.0.1:{port}" in line)
+    named = next(i for i, line in enumerate(lines) if "process" in line and "database" in line)
+    assert lines.index(said[0]) < named < listening
+    # The former place of a candidate's options is read, and named for moving, before the server starts.
+    [warning] = [line for line in lines if line.startswith("horde-lite: warning: ")]
+    assert "[policies.options.candidate_allowance_curve] is the former place" in warning
+    assert lines.index(warning) < lines.index(said[0])
 
 
 def test_the_default_database_is_the_same_from_any_directory(tmp_path: Path) -> None:
