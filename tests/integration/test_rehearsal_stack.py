@@ -61,6 +61,7 @@ def _postmaster_pid(pg: ThrowawayServer) -> int:
     return int(Path(pg.data, "postmaster.pid").read_text().splitlines()[0])
 
 
+@pytest.mark.postgres_only  # a throwaway PostgreSQL server behind PgBouncer
 async def test_pgbouncer_serves_again_after_a_fast_restart_of_postgres(throwaway: ThrowawayServer) -> None:
     pg = throwaway
     bouncer = pgbouncer_for(pg)
