@@ -48,6 +48,7 @@ def _commands_listed(help_text: str) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_help_lists_horde_lites_commands_first_and_no_unrelated_ones(tmp_path: Path) -> None:
     shown = horde_lite("--help", cwd=tmp_path, env=_env())
     assert shown.returncode == 0, shown.stderr
@@ -117,6 +118,7 @@ def test_run_is_litestars_run_command() -> None:
     assert cli.cli.commands["run"] is run_command
 
 
+@pytest.mark.slow
 def test_negative_kudos_and_the_database_line(db_url: str, tmp_path: Path) -> None:
     env = _env(db_url)
     line = f"database: {make_url(db_url).render_as_string(hide_password=True)}"
@@ -150,6 +152,7 @@ def test_rotate_key_prints_the_new_key_last(db_url: str, tmp_path: Path) -> None
     assert old not in rotated.stdout
 
 
+@pytest.mark.slow
 def test_delete_asks_unless_told_yes(db_url: str, tmp_path: Path) -> None:
     env = _env(db_url)
     assert horde_lite("users", "create", "dan", cwd=tmp_path, env=env).returncode == 0

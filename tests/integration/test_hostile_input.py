@@ -16,6 +16,7 @@ import typing
 from typing import Any
 
 import msgspec
+import pytest
 from litestar.routes import HTTPRoute
 from sqlalchemy import text
 
@@ -388,6 +389,7 @@ async def test_every_path_shape_on_every_route(client: HordeClient) -> None:
     assert await stored(client) == before
 
 
+@pytest.mark.slow
 async def test_every_cookie_and_header_shape_on_every_route(client: HordeClient) -> None:
     """The dashboard's session cookie is the only cookie the app reads (when no key is sent); every
     route is walked with it anyway, since a cookie reaches every route."""

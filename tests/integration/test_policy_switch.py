@@ -357,6 +357,7 @@ async def clients(urls: list[str]) -> AsyncIterator[list[httpx.AsyncClient]]:
             await http.aclose()
 
 
+@pytest.mark.slow
 async def test_cli_switch_reaches_both_server_processes(db_url: str, tmp_path: Path) -> None:
     requester = await make_user(db_url, "client", kudos=100_000)
     owner = await make_user(db_url, "owner")

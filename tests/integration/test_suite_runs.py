@@ -32,6 +32,7 @@ def pytest_in_a_process(tmp_path: Path, *args: str) -> tuple[subprocess.Complete
     return result, scratch
 
 
+@pytest.mark.slow
 def test_sqlite_only_deselects_the_postgresql_half_and_nothing_else(tmp_path: Path) -> None:
     both, _ = pytest_in_a_process(tmp_path / "both", "--collect-only", ON_BOTH, PG_ONLY)
     assert both.returncode == 0, both.stdout + both.stderr
@@ -48,6 +49,7 @@ def test_sqlite_only_deselects_the_postgresql_half_and_nothing_else(tmp_path: Pa
     assert "horde_lite: PostgreSQL" not in quick.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("databases", [[], ["--sqlite-only"]], ids=["both", "sqlite-only"])
 def test_a_run_leaves_no_directory_in_the_temporary_directory(tmp_path: Path, databases: list[str]) -> None:
     result, scratch = pytest_in_a_process(tmp_path, *databases, ON_BOTH)

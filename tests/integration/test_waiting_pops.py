@@ -235,6 +235,7 @@ async def _waiting_on(base: str, count: int, within: float = PATIENCE) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_a_waiting_pop_is_woken_by_a_request_created_in_another_process(
     db_url: str, tmp_path: Path
 ) -> None:
