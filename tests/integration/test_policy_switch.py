@@ -414,6 +414,7 @@ SETTINGS_AFTER = (
 )
 
 
+@pytest.mark.slow
 async def test_sighup_after_editing_the_settings_switches_both_processes(db_url: str, tmp_path: Path) -> None:
     config = tmp_path / "horde.toml"
     config.write_text(SETTINGS_BEFORE)

@@ -101,6 +101,7 @@ def test_postgres_scheme_gets_the_driver_hint(tmp_path: Path) -> None:
     assert "s3cret" not in message
 
 
+@pytest.mark.slow
 def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
     env = clean_env(tmp_path, HORDE_LITE_POLICIES__SPEED_GATE="fastest")
     message = refused(start(tmp_path, env, *run_args(free_port())))
@@ -117,6 +118,7 @@ def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
 # --- the database ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_unreachable_postgresql_names_the_masked_url(tmp_path: Path) -> None:
     url = f"postgresql+asyncpg://horde:s3cret@127.0.0.1:{free_port()}/horde"
     message = refused(run_on(tmp_path, url))
@@ -133,6 +135,7 @@ def test_a_missing_postgresql_database_says_how_to_create_it(tmp_path: Path, pg_
     assert "createdb" in message
 
 
+@pytest.mark.slow
 def test_a_sqlite_file_in_a_missing_directory(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'nowhere' / 'horde.db'}"
     message = refused(run_on(tmp_path, url))
@@ -140,6 +143,7 @@ def test_a_sqlite_file_in_a_missing_directory(tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -150,6 +154,7 @@ def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -
     assert not default_db(tmp_path).exists()  # no migration ran, no file was made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("port", ["99999", "65536", "0", "-1", "abc", "80x", ""])
 def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: str) -> None:
     """The resolver would take 99999 modulo 65536 and 0 as any port: the server would listen
@@ -201,6 +206,7 @@ def server(
             process.wait(10)
 
 
+@pytest.mark.slow
 def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
     port = free_port()
     env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL=db_url)
@@ -254,6 +260,7 @@ FORMER_OPTIONS = (
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("verbose", [False, True], ids=["short", "verbose"])
 def test_a_fresh_database_is_migrated_in_one_line_unless_verbose(
     tmp_path: Path, fresh_url: str, verbose: bool
@@ -285,6 +292,7 @@ def test_a_fresh_database_is_migrated_in_one_line_unless_verbose(
     assert lines.index(warning) < lines.index(said[0])
 
 
+@pytest.mark.slow
 def test_the_default_database_is_the_same_from_any_directory(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     (tmp_path / "one").mkdir()
@@ -304,6 +312,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@pytest.mark.slow
 def test_a_worker_names_itself_first(tmp_path: Path) -> None:
     # Started with SIGINT ignored, as a shell starts a background job: the first line comes once
     # the worker handles the signal itself, so the SIGINT sent right after it stops the worker.
@@ -344,6 +353,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_a_started_server_keeps_its_start_up_objects_out_of_full_collections(db_url: str) -> None:
     """horde_lite/heap.py: once started, a process freezes what it holds (modules, the app), so the
     cyclic collector's full passes skip them; once per process."""

@@ -146,6 +146,7 @@ async def _job_free_pop(client: HordeClient, key: str) -> None:
 # --- a candidate speed gate ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_candidate_speed_gate_in_shadow_and_whatif_count_the_jobs_it_would_refuse(
     db_url: str, tmp_path: Path
 ) -> None:

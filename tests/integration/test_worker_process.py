@@ -42,6 +42,7 @@ def _spawn_worker(lite: Rig, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+@pytest.mark.slow
 async def test_sigterm_stops_popping_finishes_the_job_in_hand_and_exits_0(lite: Rig, tmp_path: Path) -> None:
     created = await lite.http.post(
         "/api/v2/generate/text/async",

@@ -240,6 +240,7 @@ def test_bad_settings_are_a_clean_cli_error(run: Any, monkeypatch: pytest.Monkey
     assert "HORDE_LITE_LEASE__BASE_SECS" in result.output
 
 
+@pytest.mark.slow
 def test_console_script_users_create_and_policies_list(db_url: str, tmp_path: Path) -> None:
     """The installed `horde-lite` (the Litestar CLI preset to the app) carries our commands."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HORDE_LITE_")}
