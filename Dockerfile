@@ -18,5 +18,11 @@ RUN pip install --no-cache-dir '.[redis]' \
 USER horde
 VOLUME ["/data"]
 EXPOSE 8000
+# Healthy while the server answers its heartbeat. The slim image has no curl: Python's urllib exits
+# non-zero on a refused connection, a timeout or an answer other than 2xx. Serving on another
+# port? Set HORDE_LITE_HEALTHCHECK_URL to match.
+ENV HORDE_LITE_HEALTHCHECK_URL=http://127.0.0.1:8000/api/v2/status/heartbeat
+HEALTHCHECK --interval=30s --timeout=5s --start-period=30s --retries=3 \
+    CMD ["python", "-c", "import os, urllib.request; urllib.request.urlopen(os.environ['HORDE_LITE_HEALTHCHECK_URL'], timeout=4)"]
 ENTRYPOINT ["horde-lite"]
 CMD ["run", "--host", "0.0.0.0", "--port", "8000"]

@@ -554,7 +554,11 @@ def policies_use(kind: str, name: str, raw_options: tuple[str, ...]) -> None:
                f"{settings.policies.reload_seconds:g} s ([policies] reload_seconds)")  # fmt: skip
 
 
-@policies.command("history", help="The policy switches, newest first.")
+HISTORY_HELP = ("The policy switches, newest first, each with the version it made (as `policies use` and "
+                "the dashboard number them).")  # fmt: skip
+
+
+@policies.command("history", help=HISTORY_HELP)
 @click.option("--limit", type=int, default=20, show_default=True, help="How many to show.")
 def policies_history(limit: int) -> None:
     from datetime import UTC, datetime
@@ -566,7 +570,7 @@ def policies_history(limit: int) -> None:
 
     for change in _with_engine(work):
         at = datetime.fromtimestamp(change.at, UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-        click.echo(f"{at}  v{change.id:<4} {change.kind:16} {change.old_name or '(none)'} -> "
+        click.echo(f"{at}  {change.kind} version {change.version}: {change.old_name or '(none)'} -> "
                    f"{change.new_name} {change.options}  ({change.source})")  # fmt: skip
 
 

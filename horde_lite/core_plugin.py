@@ -34,6 +34,7 @@ from horde_lite.metrics import Metrics
 from horde_lite.operators import policy_state
 from horde_lite.policies.registry import load_policies
 from horde_lite.settings import Settings, masked
+from horde_lite.startup import VERBOSE_ENV, verbose
 
 if TYPE_CHECKING:
     from click import Group
@@ -70,9 +71,7 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
     async def _lifespan(self, app: Litestar) -> AsyncIterator[None]:
         database = self.settings.database
         url, pgbouncer = database.url, database.pgbouncer
-        if await migrate.current(url, pgbouncer=pgbouncer) not in migrate.heads():
-            log.info("database is behind: applying migrations")
-            await asyncio.to_thread(migrate.upgrade, url, pgbouncer=pgbouncer)
+        await self._migrate(url, pgbouncer)
         engine = make_engine(url, echo=database.echo, null_pool=database.null_pool, pgbouncer=pgbouncer)
         await self._guarded("planner statistics at start-up", statistics.at_start(engine))
         horde = Horde(
@@ -117,6 +116,21 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
             await horde.mirror.close()
             horde.metrics.shutdown()
             await engine.dispose()
+
+    @staticmethod
+    async def _migrate(url: str, pgbouncer: bool) -> None:
+        """Bring a database that is behind up to date, said in one line (each migration on its own
+        line too with `horde-lite run --verbose`, i.e. HORDE_LITE_VERBOSE=1)."""
+        with migrate.alembic_lines(verbose()):
+            applied = await migrate.current(url, pgbouncer=pgbouncer)
+            if applied in migrate.heads():
+                return
+            steps = migrate.pending(applied)
+            await asyncio.to_thread(migrate.upgrade, url, pgbouncer=pgbouncer)
+        listed = "" if verbose() else f" (`horde-lite run --verbose` or {VERBOSE_ENV}=1 lists them)"
+        log.info("database %s: %d migration(s) applied, %s -> %s%s",
+                 "created" if applied is None else "migrated", len(steps), applied or "empty",
+                 steps[-1] if steps else applied, listed)  # fmt: skip
 
     async def _sweep_forever(self, horde: Horde) -> None:
         """The lease sweep, and beside it the planner's statistics every `statistics.REFRESH_SECONDS`."""

@@ -21,7 +21,7 @@ from sqlalchemy.exc import ArgumentError
 
 from horde_lite.db.change_log import CHECK_IN_NOTED_JUMP
 from horde_lite.inputs import DEFAULT_MAX_LENGTH_LIMIT, MAX_POP_WAIT_SECONDS
-from horde_lite.policies.kinds import PolicyKind
+from horde_lite.policies.kinds import CANDIDATES, PolicyKind
 
 ENV_PREFIX = "HORDE_LITE_"
 CONFIG_ENV = "HORDE_LITE_CONFIG"
@@ -354,11 +354,11 @@ class PoliciesSettings(_Table):
     speed_gate: str = "prefer_capable"
     allowance_curve: str = "estimated_wait"
     shadow_metrics: str = "over_capacity"
-    # A candidate judged in shadow beside the policy in force, never applied ("": none); its
-    # options go under [policies.options.candidate_speed_gate] etc. (docs/reference/policies.md).
+    # A candidate judged in shadow beside the policy in force, never applied ("": none); written
+    # like the policy in force, `[policies.candidate_speed_gate]` with its `name` and `options`.
     candidate_speed_gate: str = ""
     candidate_allowance_curve: str = ""
-    # Options per policy kind: `[policies.speed_gate.options]` etc.
+    # Options per policy kind and candidate, gathered from `[policies.<kind>.options]` (_read_toml).
     options: dict[str, dict[str, Any]] = msgspec.field(default_factory=dict)
     # How often each server process reads policy_state for a switch, and the live address timeouts.
     reload_seconds: float = 2.0
@@ -518,34 +518,71 @@ class SettingsError(Exception):
     """Raised at start-up for a bad settings file or variable; the message names the key."""
 
 
+# The [policies] keys written as a table of their own: `name` and `options`.
+POLICY_TABLES: tuple[str, ...] = (*(kind.value for kind in PolicyKind), *CANDIDATES)
+
+
 def _read_toml(path: Path) -> dict[str, Any]:
     try:
         raw = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as e:
         raise SettingsError(f"{path}: not valid TOML: {e}") from e
-    # `[policies.speed_gate.options]` is written nested under the kind; gather those tables into
-    # `options` so the struct stays flat.
     policies = raw.get("policies")
     if isinstance(policies, dict):
-        options = dict(policies.get("options", {}))
-        for kind in (k.value for k in PolicyKind):  # plain str keys: msgspec refuses a subclass
-            value = policies.get(kind)
-            if isinstance(value, dict):
-                extra = sorted(set(value) - {"name", "options"})
-                if extra:
-                    raise SettingsError(
-                        f"{path}: unknown key(s) {', '.join(extra)} in [policies.{kind}] "
-                        f"(expected `name` and [policies.{kind}.options])"
-                    )
-                name = value.get("name")
-                if name is not None:
-                    policies[kind] = name
-                else:
-                    policies.pop(kind)
-                if "options" in value:
-                    options[kind] = value["options"]
-        policies["options"] = options
+        raw["policies"] = _gather_policy_tables(policies, path)
     return raw
+
+
+def _gather_policy_tables(policies: dict[str, Any], path: Path) -> dict[str, Any]:
+    """`[policies.speed_gate]` (or `.candidate_speed_gate`) is written as a table with `name` and
+    `options`: its name becomes the flat key and its options go into `options`, so the struct stays
+    flat. Options under the former `[policies.options.<key>]` are still read (start-up warns:
+    `former_policy_options`); the same key in both places is refused rather than one silently won."""
+    policies = dict(policies)
+    options = dict(policies.get("options", {}))
+    for key in POLICY_TABLES:  # plain str keys: msgspec refuses a subclass
+        value = policies.get(key)
+        if not isinstance(value, dict):
+            continue
+        extra = sorted(set(value) - {"name", "options"})
+        if extra:
+            raise SettingsError(
+                f"{path}: unknown key(s) {', '.join(extra)} in [policies.{key}] "
+                f"(expected `name` and [policies.{key}.options])"
+            )
+        name = value.get("name")
+        if name is not None:
+            policies[key] = name
+        else:
+            policies.pop(key)
+        if "options" in value:
+            if key in options:
+                raise SettingsError(
+                    f"{path}: options for {key} in both [policies.{key}.options] and "
+                    f"[policies.options.{key}]; keep [policies.{key}.options] only"
+                )
+            options[key] = value["options"]
+    policies["options"] = options
+    return policies
+
+
+def former_policy_options(path: str | Path | None = None, environ: dict[str, str] | None = None) -> list[str]:
+    """A warning for each `[policies.options.<key>]` table in the settings file: the former place of
+    a policy's options, still read; each names the table to move it to."""
+    config_path = Path(path) if path is not None else settings_file(environ)[0]
+    try:
+        raw = tomllib.loads(config_path.read_text())
+    except (OSError, tomllib.TOMLDecodeError):
+        return []  # no file, or load_settings has already said what is wrong with it
+    policies = raw.get("policies")
+    former = policies.get("options") if isinstance(policies, dict) else None
+    if not isinstance(former, dict):
+        return []
+    return [
+        f"{config_path.absolute()}: [policies.options.{key}] is the former place of these options; they are "
+        f"read, but move them to [policies.{key}.options] (docs/reference/policies.md)"
+        for key in former
+    ]
 
 
 Overrides = dict[str, dict[str, tuple[str, str]]]  # table -> field -> (variable name, raw value)

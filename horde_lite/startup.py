@@ -30,12 +30,21 @@ from horde_lite.settings import (
     Settings,
     SettingsError,
     default_database_url,
+    former_policy_options,
     load_settings,
     masked,
     settings_file,
 )
 
 CONNECT_TIMEOUT = 10.0  # seconds to reach PostgreSQL before calling it unreachable
+# `horde-lite run --verbose` sets it, so that every server process it starts (--wc, --reload) sees
+# it; set by hand it does the same. A flag, not a setting: it changes what is said, never what runs.
+VERBOSE_ENV = "HORDE_LITE_VERBOSE"
+
+
+def verbose() -> bool:
+    """Whether start-up says each step in full (each migration applied) instead of in one line."""
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in {"1", "true", "yes"}
 
 
 class StartupError(Exception):
@@ -268,9 +277,17 @@ def guard_run(run: click.Command) -> click.Command:
     first line; only then does Litestar load the app (whose start-up may migrate)."""
     original = run.callback
     assert original is not None
+    run.params.append(
+        click.Option(
+            ["--verbose"], is_flag=True, default=False,
+            help=f"Say each migration applied at start-up on a line of its own ({VERBOSE_ENV}=1: the same).",
+        )
+    )  # fmt: skip
 
     @functools.wraps(original)
     def checked(*args: Any, **kwargs: Any) -> Any:
+        if kwargs.pop("verbose", False):
+            os.environ[VERBOSE_ENV] = "1"
         try:
             settings = checked_settings()
             host, port, fd, uds = kwargs["host"], kwargs["port"], kwargs.get("fd"), kwargs.get("uds")
@@ -280,6 +297,8 @@ def guard_run(run: click.Command) -> click.Command:
         except StartupError as e:
             fail(e)
         click.echo(first_line(settings, server_address(host, port, fd, uds)), err=True)
+        for warning in former_policy_options():
+            click.echo(f"horde-lite: warning: {warning}", err=True)
         return original(*args, **kwargs)
 
     run.callback = checked

@@ -220,7 +220,13 @@ async def speed_gate_whatif(
 
 
 def _seconds(total: float, count: int) -> str:
-    return f"{total:.1f} s (mean {total / count:.1f} s)" if count else "-"
+    """A total and its mean over `count` (> 0: the sentences that use it say so when there is none)."""
+    return f"{total:.1f} s (mean {total / count:.1f} s)"
+
+
+def _names_in_force(names: list[str], records: str) -> str:
+    """The policies in force over the records, or in words why there is none to name."""
+    return ", ".join(names) or f"none known (no {records} recorded in this window)"
 
 
 def render_speed_gate(report: SpeedGateReport) -> str:
@@ -229,7 +235,7 @@ def render_speed_gate(report: SpeedGateReport) -> str:
     lines = [
         f"What if the speed gate were {report.gate} ({options})",
         f"assignments recorded {_stamp(report.since)} to {_stamp(report.until)}: {t.assignments}; "
-        f"gate in force: {', '.join(report.in_force) or '-'}",
+        f"gate in force: {_names_in_force(report.in_force, 'assignment')}",
         "",
         f"{'day':10}  {'size':9}  {'trust':9}  {'assigned':>8}  {'over cap':>8}  {'refused':>7}  "
         f"{'moved':>5}  {'no worker':>9}  {'unknown':>7}  {'aborts avoided':>14}  {'completed':>9}",
@@ -252,11 +258,16 @@ def render_speed_gate(report: SpeedGateReport) -> str:
             else ""
         ),
         f"Aborts avoided: {t.aborts_avoided} (those jobs held their lease "
-        f"{_seconds(t.aborted_lease_seconds, t.aborts_avoided)} before going back to the queue).",
+        f"{_seconds(t.aborted_lease_seconds, t.aborts_avoided)} before going back to the queue)."
+        if t.aborts_avoided
+        else "Aborts avoided: none (no job this gate would have refused was aborted).",
         "Extra waiting:",
         f"- known: the {t.completed} refused job(s) that completed took "
         f"{_seconds(t.service_seconds, t.completed)} of service on the slower workers, pop to "
-        "submit; a moved job would instead have waited for, and run on, a capable worker.",
+        "submit; a moved job would instead have waited for, and run on, a capable worker."
+        if t.completed
+        else "- known: no job this gate would have refused completed, so there is no service time on "
+        "slower workers to compare.",
         *(f"- not known: {u}." for u in report.unknowns),
     ]
     if t.faulted or t.running:
@@ -409,7 +420,7 @@ def render_allowance(report: AllowanceReport) -> str:
     lines = [
         f"What if the allowance curve were {report.curve} ({options})",
         f"admission decisions recorded {_stamp(report.since)} to {_stamp(report.until)}: "
-        f"{report.total.decisions}; curve in force: {', '.join(report.in_force) or '-'}",
+        f"{report.total.decisions}; curve in force: {_names_in_force(report.in_force, 'admission')}",
         "(in force -> would be; 'would be' counts the decisions the curve could recompute)",
         "",
         f"{'day':10}  "

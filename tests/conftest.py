@@ -1,6 +1,8 @@
 """One suite, two databases: every test that takes `db_url` (directly or through `app`/`client`)
 runs once on a fresh SQLite file and once on PostgreSQL (tests/support/postgres.py finds or starts
-a server; CI makes it mandatory)."""
+a server; CI makes it mandatory). `--sqlite-only` (`scripts/test --quick`) deselects the PostgreSQL
+half: the `postgresql` case of `db_url`, the tests marked `postgres_only` and those taking `pg_url`;
+no PostgreSQL server is then looked for."""
 
 from __future__ import annotations
 
@@ -50,13 +52,55 @@ def _postgres() -> PostgresTarget:
     return _pg
 
 
+SQLITE_ONLY = "--sqlite-only"
+# The tests that use this fixture drive Chromium; they get the `browser` marker (`-m "not browser"`).
+BROWSER_FIXTURE = "browser"
+_data_home: str | None = None  # this process's stand-in for the user's data directory
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        SQLITE_ONLY,
+        action="store_true",
+        help="horde_lite: run the SQLite half only (deselect every test that needs PostgreSQL)",
+    )
+
+
+def _sqlite_only(config: pytest.Config) -> bool:
+    return bool(config.getoption(SQLITE_ONLY))
+
+
+def _needs_postgres(item: pytest.Item) -> bool:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and callspec.params.get("db_url") == "postgresql":
+        return True
+    marked = item.get_closest_marker("postgres_only") is not None
+    return marked or "pg_url" in getattr(item, "fixturenames", ())
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if BROWSER_FIXTURE in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.browser)
+    if not _sqlite_only(config):
+        return
+    kept = [item for item in items if not _needs_postgres(item)]
+    if len(kept) < len(items):
+        config.hook.pytest_deselected(items=[item for item in items if _needs_postgres(item)])
+        items[:] = kept
+
+
 def pytest_configure(config: pytest.Config) -> None:
     # The default database lives in the user's data directory: a test (or a CLI it starts) that
-    # falls back to it must never touch the real one.
-    os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="horde-lite-test-data-")
+    # falls back to it must never touch the real one. pytest_unconfigure removes it.
+    global _data_home
+    _data_home = tempfile.mkdtemp(prefix="horde-lite-test-data-")
+    os.environ["XDG_DATA_HOME"] = _data_home
 
 
 def pytest_report_header(config: pytest.Config) -> str:
+    if _sqlite_only(config):
+        return "horde_lite: SQLite only (--sqlite-only): the PostgreSQL half is deselected"
     target = _postgres()
     if target.url is None:
         verdict = "FAILING (required)" if require_postgres() else "SKIPPING the PostgreSQL half"
@@ -65,6 +109,8 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    if _data_home is not None:
+        shutil.rmtree(_data_home, ignore_errors=True)
     if _pg_created is not None and not _FIXED_PG_DB:
         asyncio.run(_drop_pg_database(_pg_created))
     if _pg is not None:
@@ -88,6 +134,11 @@ async def _drop_pg_database(base_url: str) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if _sqlite_only(terminalreporter.config):
+        terminalreporter.write_line(
+            "NOTE: SQLite only (--sqlite-only); the PostgreSQL half did not run", yellow=True
+        )
+        return
     target = _postgres()
     if target.url is None and not require_postgres():
         terminalreporter.write_line(

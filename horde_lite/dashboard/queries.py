@@ -398,7 +398,7 @@ class PoliciesView:
 
 def candidates(horde: Horde) -> list[tuple[str, str, dict[str, Any]]]:
     """The candidates the settings name ([policies] candidate_speed_gate, candidate_allowance_curve)
-    with their options ([policies.options.candidate_<kind>])."""
+    with their options ([policies.candidate_<kind>.options])."""
     settings = horde.settings.policies
     out = []
     for setting, kind in CANDIDATES.items():

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -18,6 +21,8 @@ if TYPE_CHECKING:
 
 MIGRATIONS = Path(__file__).parent / "migrations"
 VERSION_TABLE = "horde_lite_alembic_version"
+# Alembic says each migration it runs (and its context) on this logger at INFO.
+ALEMBIC_LOGGER = "alembic.runtime.migration"
 
 
 def _commands(url: str, pgbouncer: bool = False) -> AlembicCommands:
@@ -68,3 +73,23 @@ def _applied(connection: Connection) -> tuple[str, ...]:
 
 def is_behind(url: str, *, pgbouncer: bool = False) -> bool:
     return asyncio.run(current(url, pgbouncer=pgbouncer)) not in heads()
+
+
+def pending(applied: str | None) -> list[str]:
+    """The revisions `upgrade` would apply to a database at `applied` (None: empty), oldest first."""
+    scripts = ScriptDirectory(str(MIGRATIONS))
+    return [script.revision for script in reversed(list(scripts.iterate_revisions("heads", applied)))]
+
+
+@contextlib.contextmanager
+def alembic_lines(shown: bool) -> Iterator[None]:
+    """Alembic's own INFO lines (one per migration, each with its whole message) only when `shown`;
+    its warnings and errors always."""
+    logger = logging.getLogger(ALEMBIC_LOGGER)
+    level = logger.level
+    if not shown:
+        logger.setLevel(logging.WARNING)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)

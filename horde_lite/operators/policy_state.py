@@ -29,10 +29,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
+from sqlalchemy.orm import aliased
 
 from horde_lite.clock import Clock
 from horde_lite.core.context import Horde, transaction_on
@@ -105,6 +106,7 @@ class ChangeView:
     new_name: str
     options: dict[str, Any]
     source: str
+    version: int  # the kind's version this switch made (policy_state's, as `policies use` says)
 
 
 def _state(row: PolicyState) -> KindState:
@@ -175,11 +177,16 @@ async def switch(
 
 async def history(target: Horde | AsyncEngine, limit: int = 50) -> list[ChangeView]:
     """The newest `limit` switches, newest first."""
+    # Every version a kind's row takes is written with a policy_changes row (the first by `seed` or
+    # `switch`, at version 1), so a switch's version is its rank among its kind's changes.
+    version = func.row_number().over(partition_by=PolicyChange.kind, order_by=PolicyChange.id)
+    numbered = select(PolicyChange, version.label("version")).subquery()
+    change = aliased(PolicyChange, numbered)
+    query = select(change, numbered.c.version).order_by(numbered.c.id.desc()).limit(limit)
     async with transaction_on(target) as session:
-        query = select(PolicyChange).order_by(PolicyChange.id.desc()).limit(limit)
-        rows = (await session.execute(query)).scalars().all()
-    return [ChangeView(r.id, r.at, r.kind, r.old_name, r.new_name, dict(r.options or {}), r.source)
-            for r in rows]  # fmt: skip
+        rows = (await session.execute(query)).all()
+    return [ChangeView(r.id, r.at, r.kind, r.old_name, r.new_name, dict(r.options or {}), r.source, v)
+            for r, v in rows]  # fmt: skip
 
 
 async def policies_view(horde: Horde) -> PoliciesView:

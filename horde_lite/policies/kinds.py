@@ -15,3 +15,11 @@ class PolicyKind(StrEnum):
     SPEED_GATE = "speed_gate"
     ALLOWANCE_CURVE = "allowance_curve"
     SHADOW_METRICS = "shadow_metrics"
+
+
+# A candidate setting of [policies] and the kind of policy it names: judged in shadow beside the one
+# in force, never applied. Its table has the same shape as its kind's ([policies.<setting>]).
+CANDIDATES: dict[str, PolicyKind] = {
+    "candidate_speed_gate": PolicyKind.SPEED_GATE,
+    "candidate_allowance_curve": PolicyKind.ALLOWANCE_CURVE,
+}

@@ -10,7 +10,7 @@ from typing import Any
 
 import msgspec
 
-from horde_lite.policies.kinds import PolicyKind
+from horde_lite.policies.kinds import CANDIDATES, PolicyKind
 from horde_lite.policies.protocols import (
     PROTOCOLS,
     SPEED_GATE_RENAMED,
@@ -62,8 +62,7 @@ def _build(kind: PolicyKind, name: str, options: dict[str, Any], setting: str | 
         else:
             policy = cls(**options)
     except (msgspec.ValidationError, TypeError) as e:
-        table = f"[policies.options.{setting}]" if setting else f"[policies.{kind}.options]"
-        raise PolicyError(f"{table} for {name!r}: {e}") from e
+        raise PolicyError(f"[policies.{key}.options] for {name!r}: {e}") from e
     if kind == PolicyKind.SPEED_GATE:
         _refuse_former_names(policy, f"[policies] {key} = {name!r}: {available[name].value}")
     if not isinstance(policy, PROTOCOLS[kind]):
@@ -107,13 +106,6 @@ def load_policies(settings: PoliciesSettings) -> Policies:
     options = {kind: dict(settings.options.get(kind, {})) for kind in PolicyKind}
     candidates = _candidates(settings, names)
     return Policies(names=names, options=options, **built, **candidates)
-
-
-# A candidate setting and the kind of policy it names.
-CANDIDATES = {
-    "candidate_speed_gate": PolicyKind.SPEED_GATE,
-    "candidate_allowance_curve": PolicyKind.ALLOWANCE_CURVE,
-}
 
 
 def _candidates(settings: PoliciesSettings, names: dict[str, str]) -> dict[str, Any]:

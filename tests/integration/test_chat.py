@@ -379,6 +379,7 @@ async def test_a_tool_call_submitted_before_the_stream_read_any_arrives_whole(ch
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
+@pytest.mark.slow
 async def test_a_worker_without_tools_never_gets_a_tools_request(chat: Chat) -> None:
     key = await chat.hc.user("owner")
     plain = chat.worker(key, "plain", chat={**CHAT_BLOCK, "features": []})
@@ -443,6 +444,7 @@ async def test_image_parts_need_vision_and_the_right_transport(chat: Chat) -> No
 # --- no worker, busy workers, failures ---------------------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 async def test_no_eligible_worker_after_the_grace(chat: Chat, stream: bool) -> None:
     key = await chat.hc.user("owner", kudos=1000)
@@ -465,6 +467,7 @@ async def test_no_eligible_worker_after_the_grace(chat: Chat, stream: bool) -> N
     assert (await worker.pop())["id"] is None
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 async def test_queue_timeout(db_url: str, clock: ManualClock, stream: bool) -> None:
     settings = make_settings(db_url, chat={"max_queue_wait_seconds": 5})
@@ -486,6 +489,7 @@ async def test_queue_timeout(db_url: str, clock: ManualClock, stream: bool) -> N
         assert (await worker.pop())["id"] is None
 
 
+@pytest.mark.slow
 async def test_unknown_model_is_404_and_an_offline_model_waits_the_grace(chat: Chat) -> None:
     """model_not_found means no chat worker declares the model at all; a model whose chat workers
     are all offline is known, so the request waits the grace and gets no_eligible_worker."""

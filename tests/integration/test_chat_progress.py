@@ -262,6 +262,7 @@ async def test_a_call_cancelled_at_any_moment_leaves_no_request_waiting(chat: Ch
         assert delay < PATIENCE
 
 
+@pytest.mark.slow
 async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -> None:
     # Another owner's worker: the one that lapsed refuses the request for all its owner's workers.
     first = chat.worker(await chat.hc.user("owner"), "first")
@@ -282,6 +283,7 @@ async def test_a_lapse_before_any_output_restarts_the_job_silently(chat: Chat) -
     assert (await chat.hc.status(request.id)).json()["restarted"] == 1
 
 
+@pytest.mark.slow
 async def test_a_waiting_call_reads_outside_transactions_until_it_meets_a_lapse(chat: Chat) -> None:
     """A waiting /v1 call reads its request at every wake-up outside any transaction (no write lock
     on SQLite, no BEGIN or COMMIT on PostgreSQL); only a read that meets a lapsed job goes on in a
@@ -304,6 +306,7 @@ async def test_a_waiting_call_reads_outside_transactions_until_it_meets_a_lapse(
     assert reads[-1] is True, reads
 
 
+@pytest.mark.slow
 async def test_a_lapse_after_output_ends_the_stream_with_an_error_event(chat: Chat) -> None:
     key = await chat.hc.user("owner")
     worker = chat.worker(key, "w1")
@@ -445,6 +448,7 @@ async def test_accumulated_tool_calls_are_bounded_too(chat: Chat) -> None:
     await settled(reading)
 
 
+@pytest.mark.slow
 async def test_a_progress_flood_is_refused_with_retry_after_and_loses_nothing(chat: Chat) -> None:
     """At most progress_burst (32) posts at once, then progress_per_second (10) a second since the
     pop: the 33rd post at the pop's instant is a 429 with Retry-After; after a tenth of a second the

@@ -48,6 +48,7 @@ def _commands_listed(help_text: str) -> list[str]:
     return names
 
 
+@pytest.mark.slow
 def test_help_lists_horde_lites_commands_first_and_no_unrelated_ones(tmp_path: Path) -> None:
     shown = horde_lite("--help", cwd=tmp_path, env=_env())
     assert shown.returncode == 0, shown.stderr
@@ -67,6 +68,7 @@ def test_help_lists_horde_lites_commands_first_and_no_unrelated_ones(tmp_path: P
         assert f"No such command '{gone}'" in refused.stderr
 
 
+@pytest.mark.slow
 def test_help_needs_neither_good_settings_nor_a_database(tmp_path: Path) -> None:
     """The help loads no app: wrong settings do not stop it (they used to, with a traceback)."""
     env = _env(
@@ -87,6 +89,7 @@ def test_help_needs_neither_good_settings_nor_a_database(tmp_path: Path) -> None
     assert "Traceback" not in refused.stderr
 
 
+@pytest.mark.slow
 def test_version_is_horde_lites(tmp_path: Path) -> None:
     expected = f"horde-lite {version('horde-lite')}"
     for args in (["--version"], ["version"]):
@@ -99,6 +102,7 @@ def test_version_is_horde_lites(tmp_path: Path) -> None:
         assert len(lines) == 2
 
 
+@pytest.mark.slow
 def test_routes_loads_horde_lites_app(tmp_path: Path) -> None:
     """Whatever LITESTAR_APP the shell has, `horde-lite` serves horde_lite's app."""
     env = _env(f"sqlite+aiosqlite:///{tmp_path / 'r.db'}", LITESTAR_APP="elsewhere.app:app")
@@ -117,6 +121,7 @@ def test_run_is_litestars_run_command() -> None:
     assert cli.cli.commands["run"] is run_command
 
 
+@pytest.mark.slow
 def test_negative_kudos_and_the_database_line(db_url: str, tmp_path: Path) -> None:
     env = _env(db_url)
     line = f"database: {make_url(db_url).render_as_string(hide_password=True)}"
@@ -139,6 +144,7 @@ def test_negative_kudos_and_the_database_line(db_url: str, tmp_path: Path) -> No
     assert [(r["name"], r["kudos"]) for r in json.loads(listed.stdout)] == [("bob#1", -10000)]
 
 
+@pytest.mark.slow
 def test_rotate_key_prints_the_new_key_last(db_url: str, tmp_path: Path) -> None:
     env = _env(db_url)
     old = horde_lite("users", "create", "carol", cwd=tmp_path, env=env).stdout.splitlines()[-1]
@@ -150,6 +156,7 @@ def test_rotate_key_prints_the_new_key_last(db_url: str, tmp_path: Path) -> None
     assert old not in rotated.stdout
 
 
+@pytest.mark.slow
 def test_delete_asks_unless_told_yes(db_url: str, tmp_path: Path) -> None:
     env = _env(db_url)
     assert horde_lite("users", "create", "dan", cwd=tmp_path, env=env).returncode == 0
@@ -164,6 +171,7 @@ def test_delete_asks_unless_told_yes(db_url: str, tmp_path: Path) -> None:
     assert json.loads(horde_lite("users", "list", "--json", cwd=tmp_path, env=env).stdout) == []
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("args", [["users", "kudos", "nobody", "-5"], ["users", "delete", "nobody", "-y"]])
 def test_refusals_are_one_clean_message(db_url: str, tmp_path: Path, args: list[str]) -> None:
     refused = horde_lite(*args, cwd=tmp_path, env=_env(db_url))

@@ -229,6 +229,7 @@ async def test_refusals_take_the_openai_shape(chat: Chat) -> None:
     assert await chat.requests() == []  # nothing refused left a request behind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("stream", [False, True])
 async def test_no_eligible_worker_after_the_grace(chat: Chat, stream: bool) -> None:
     key = await chat.hc.user("owner")
@@ -243,6 +244,7 @@ async def test_no_eligible_worker_after_the_grace(chat: Chat, stream: bool) -> N
     assert (await chat.request(request.id)).state == "cancelled"
 
 
+@pytest.mark.slow
 async def test_queue_timeout(db_url: str, clock: ManualClock) -> None:
     async with open_chat(make_settings(db_url, chat={"max_queue_wait_seconds": 5}), clock) as chat:
         key = await chat.hc.user("owner")

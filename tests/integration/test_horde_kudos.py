@@ -413,6 +413,7 @@ class Counter_(dict[str, int]):
         return 0
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_random_sequences_reconcile(client: HordeClient, seed: int) -> None:
     seen = await _random_walk(client, seed, steps=60)

@@ -355,6 +355,7 @@ async def test_stats_are_the_team_workers_own(client: HordeClient) -> None:
     assert after["contributions"] == records[0]["tokens_generated"]
 
 
+@pytest.mark.slow
 async def test_answers_validate_against_the_schema(client: HordeClient) -> None:
     schema = schemathesis.openapi.from_dict((await client.http.get("/api/swagger.json")).json())
     creator = await client.user("creator", trusted=True)

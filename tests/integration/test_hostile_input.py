@@ -16,6 +16,7 @@ import typing
 from typing import Any
 
 import msgspec
+import pytest
 from litestar.routes import HTTPRoute
 from sqlalchemy import text
 
@@ -344,6 +345,7 @@ def assert_not_500(response: Any, path: str, what: str) -> None:
             assert body["rc"], (what, shown, body)
 
 
+@pytest.mark.slow
 async def test_integers_beyond_the_digit_limit_in_every_path_and_query_parameter(client: HordeClient) -> None:
     # A moderator: DELETE /users/{id} of its own padded id is then refused (CannotDeleteMod), so the
     # walk changes nothing that `stored` compares.
@@ -374,6 +376,7 @@ async def test_integers_beyond_the_digit_limit_in_every_path_and_query_parameter
     assert await stored(client) == before
 
 
+@pytest.mark.slow
 async def test_every_path_shape_on_every_route(client: HordeClient) -> None:
     key = ANON  # a doubled or trailing slash still reaches its route: nothing may be created
     before = await stored(client)
@@ -388,6 +391,7 @@ async def test_every_path_shape_on_every_route(client: HordeClient) -> None:
     assert await stored(client) == before
 
 
+@pytest.mark.slow
 async def test_every_cookie_and_header_shape_on_every_route(client: HordeClient) -> None:
     """The dashboard's session cookie is the only cookie the app reads (when no key is sent); every
     route is walked with it anyway, since a cookie reaches every route."""

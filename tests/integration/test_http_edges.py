@@ -363,6 +363,7 @@ def _spellings(key: str) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 async def test_a_shared_key_never_reaches_the_access_log_in_clear(db_url: str, tmp_path: Path) -> None:
     """A real server's access log (uvicorn's, as an operator reads it) for every spelling of a shared
     key's path: each line is there, none with the key, in any case or encoding."""

@@ -381,6 +381,7 @@ class HordeMachine(RuleBasedStateMachine):
             self._portal_cm.__exit__(None, None, None)
 
 
+@pytest.mark.slow
 def test_random_sequences_keep_the_invariants(
     db_url: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:

@@ -346,6 +346,7 @@ async def test_hostile_inputs_are_refused_and_store_nothing(edge: HordeClient) -
     assert await listed(edge, mod) == []
 
 
+@pytest.mark.slow
 async def test_only_a_moderators_own_key_reaches_the_routes_even_on_open_pages(db_url: str) -> None:
     async with behind_a_proxy(make_app(db_url, http={"open_operator_pages": True})) as client:
         ordinary = await client.user("someone")

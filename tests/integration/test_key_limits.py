@@ -180,6 +180,7 @@ async def test_a_keys_requests_per_minute_and_retry_after(client: HordeClient) -
     assert dry.status_code == 429
 
 
+@pytest.mark.slow
 async def test_a_keys_tokens_per_day_reserved_given_back_and_renewed_at_midnight(client: HordeClient) -> None:
     owner = await client.user("owner", kudos=100)
     key = await _key(client, owner, tokens_per_day=200)
@@ -254,6 +255,7 @@ async def test_a_keys_budget_resets_at_the_month_boundary_once(client: HordeClie
     assert (await client.http.get(f"/api/v2/sharedkeys/{key}")).json()["utilized"] == 0
 
 
+@pytest.mark.slow
 async def test_a_users_monthly_kudos_upstreams_way_and_once_per_month(client: HordeClient) -> None:
     mod = await _moderator(client)
     user = await client.user("monthly", kudos=10)

@@ -126,6 +126,7 @@ async def test_a_lapse_refuses_the_owner_and_a_late_job_of_another_name_still_co
 # --- 2. an owner whose workers keep failing is held in maintenance -------------------------------------
 
 
+@pytest.mark.slow
 async def test_an_owner_failing_too_often_is_held_in_maintenance_and_others_are_not(
     limited: HordeClient,
 ) -> None:

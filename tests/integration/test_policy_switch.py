@@ -357,6 +357,7 @@ async def clients(urls: list[str]) -> AsyncIterator[list[httpx.AsyncClient]]:
             await http.aclose()
 
 
+@pytest.mark.slow
 async def test_cli_switch_reaches_both_server_processes(db_url: str, tmp_path: Path) -> None:
     requester = await make_user(db_url, "client", kudos=100_000)
     owner = await make_user(db_url, "owner")
@@ -392,7 +393,7 @@ async def test_cli_switch_reaches_both_server_processes(db_url: str, tmp_path: P
             )
             code, out = await horde_lite(tmp_path, env, "policies", "history")
             assert code == 0, out
-            switched = "speed_gate prefer_capable -> enforce_all {} (cli)"
+            switched = "speed_gate version 2: prefer_capable -> enforce_all {} (cli)"
             assert switched in out
             assert out.index(switched) < out.index("(start-up)")  # newest first
             assert out.count("(start-up)") == 3
@@ -413,6 +414,7 @@ SETTINGS_AFTER = (
 )
 
 
+@pytest.mark.slow
 async def test_sighup_after_editing_the_settings_switches_both_processes(db_url: str, tmp_path: Path) -> None:
     config = tmp_path / "horde.toml"
     config.write_text(SETTINGS_BEFORE)

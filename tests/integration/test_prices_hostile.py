@@ -161,6 +161,7 @@ async def test_an_unknown_model_earns_an_untrusted_owner_upstreams_flat_reward(c
         "SELECT id, 1e15, 'grant', 't', 0 FROM users",
     ],
 )
+@pytest.mark.slow
 async def test_the_database_refuses_amounts_past_the_bounds(client: HordeClient, sql: str) -> None:
     owner = await client.user("owner", kudos=100)
     made = await client.http.post("/api/v2/sharedkeys", json={"kudos": 50}, headers={"apikey": owner})

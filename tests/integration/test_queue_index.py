@@ -136,6 +136,7 @@ async def test_faulted_and_expired_requests_leave(client: HordeClient) -> None:
     assert await _rows(client, "SELECT count(*) FROM queue_entries WHERE request_id = :r", r=stale) == [(0,)]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("checked_in", [False, True], ids=["declaration changed", "checked in"])
 async def test_the_pop_walks_past_a_page_its_rules_refuse(client: HordeClient, checked_in: bool) -> None:
     """More than a page of requests ahead that the index lets through but the claim refuses (an
@@ -184,6 +185,7 @@ async def _behind_denied(client: HordeClient, model: str, count: int) -> tuple[s
     return key, (await client.create(ANON, models=[model], params={"max_length": 16})).json()["id"]
 
 
+@pytest.mark.slow
 async def test_pages_past_refused_requests_grow(client: HordeClient) -> None:
     """Behind more than two pages' worth of requests the claim refuses (a long allow-list), the walk's
     pages double (32, then 64): the pop judges two pages, not three, and takes the request behind."""
@@ -269,6 +271,7 @@ async def _claims_of(client: HordeClient, key: str, name: str, **body: Any) -> t
     return answer, sum("AS claimed" in s.statement for s in sent)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("choice", ["nsfw", "trusted_workers", "slow_workers"])
 @pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
 async def test_the_walk_skips_requests_whose_choices_refuse_the_worker(
@@ -301,6 +304,7 @@ async def test_the_walk_skips_requests_whose_choices_refuse_the_worker(
     assert request_id in ahead
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
 async def test_a_pop_does_not_page_past_jobs_being_generated(client: HordeClient, served: int) -> None:
     """More than a page of requests at the head whose jobs are all out: the pop's walk does not
@@ -324,6 +328,7 @@ async def _worker_id(client: HordeClient, name: str) -> str:
     return str(worker_id)
 
 
+@pytest.mark.slow
 async def test_a_targeted_requests_entries_name_its_workers(client: HordeClient) -> None:
     """A short allow-list: an entry per model and named worker. A long one, or a deny-list: entries
     that name no worker ("", read by every walk), the allow-list judged by the claim as always; the
@@ -376,6 +381,7 @@ async def test_the_walk_skips_requests_targeted_at_other_workers(client: HordeCl
     assert request_id in ahead
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("served", [1, queue_index.MANY_MODELS], ids=["by model", "whole queue"])
 async def test_the_walk_skips_requests_that_refuse_the_worker_by_name(
     client: HordeClient, served: int
@@ -421,6 +427,7 @@ async def test_a_worker_of_many_models_skips_requests_for_others(client: HordeCl
     assert (request_id, claims) == (wanted, 1)
 
 
+@pytest.mark.slow
 async def test_later_pages_share_one_claim_statement(client: HordeClient) -> None:
     """Behind three pages' worth of requests only the claim refuses, the pop judges pages of 32, 64
     and 128 (the last one partly filled): the two later claims send one statement text, their ids

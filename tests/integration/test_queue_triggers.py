@@ -137,6 +137,7 @@ def engine(db_url: str) -> Any:
     asyncio.run(made.dispose())
 
 
+@pytest.mark.slow
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(request=_requests(), changes=_changes)
 def test_the_triggers_keep_the_index_as_the_rule_says(

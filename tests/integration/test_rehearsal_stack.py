@@ -61,6 +61,7 @@ def _postmaster_pid(pg: ThrowawayServer) -> int:
     return int(Path(pg.data, "postmaster.pid").read_text().splitlines()[0])
 
 
+@pytest.mark.postgres_only  # a throwaway PostgreSQL server behind PgBouncer
 async def test_pgbouncer_serves_again_after_a_fast_restart_of_postgres(throwaway: ThrowawayServer) -> None:
     pg = throwaway
     bouncer = pgbouncer_for(pg)
@@ -84,6 +85,7 @@ async def test_pgbouncer_serves_again_after_a_fast_restart_of_postgres(throwaway
     assert not await asyncio.to_thread(os.path.exists, bouncer.root)
 
 
+@pytest.mark.slow
 async def test_the_proxy_drops_a_killed_host_and_takes_it_back(sqlite_template: Path, tmp_path: Path) -> None:
     path = tmp_path / "horde_lite.db"
     shutil.copy(sqlite_template, path)

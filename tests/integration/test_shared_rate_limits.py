@@ -219,6 +219,7 @@ async def test_an_unreachable_database_is_a_503_on_both_faces(db_url: str, clock
         assert answer.headers["ratelimit-remaining"] == "59"
 
 
+@pytest.mark.slow
 def test_two_server_processes_share_one_budget(db_url: str, tmp_path: Path) -> None:
     overrides: dict[str, dict[str, object]] = {"ratelimit": {"store": "database", "create_per_minute": 3}}
     with served(db_url, overrides, tmp_path) as first, served(db_url, overrides, tmp_path) as second:

@@ -5,21 +5,26 @@ which version, address, database and policies it runs."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import asyncpg
 import httpx
 import pytest
 from sqlalchemy.engine import make_url
 
 from horde_lite import __version__
+from horde_lite.db import migrate
+from tests.conftest import is_postgres
 from tests.support.fake_backend import free_port
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
@@ -96,6 +101,7 @@ def test_postgres_scheme_gets_the_driver_hint(tmp_path: Path) -> None:
     assert "s3cret" not in message
 
 
+@pytest.mark.slow
 def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
     env = clean_env(tmp_path, HORDE_LITE_POLICIES__SPEED_GATE="fastest")
     message = refused(start(tmp_path, env, *run_args(free_port())))
@@ -112,6 +118,7 @@ def test_an_uninstalled_policy_lists_the_installed_ones(tmp_path: Path) -> None:
 # --- the database ----------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_unreachable_postgresql_names_the_masked_url(tmp_path: Path) -> None:
     url = f"postgresql+asyncpg://horde:s3cret@127.0.0.1:{free_port()}/horde"
     message = refused(run_on(tmp_path, url))
@@ -128,6 +135,7 @@ def test_a_missing_postgresql_database_says_how_to_create_it(tmp_path: Path, pg_
     assert "createdb" in message
 
 
+@pytest.mark.slow
 def test_a_sqlite_file_in_a_missing_directory(tmp_path: Path) -> None:
     url = f"sqlite+aiosqlite:///{tmp_path / 'nowhere' / 'horde.db'}"
     message = refused(run_on(tmp_path, url))
@@ -135,6 +143,7 @@ def test_a_sqlite_file_in_a_missing_directory(tmp_path: Path) -> None:
     assert not (tmp_path / "nowhere").exists()
 
 
+@pytest.mark.slow
 def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
@@ -145,6 +154,7 @@ def test_a_port_in_use_is_found_before_the_database_is_touched(tmp_path: Path) -
     assert not default_db(tmp_path).exists()  # no migration ran, no file was made
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("port", ["99999", "65536", "0", "-1", "abc", "80x", ""])
 def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: str) -> None:
     """The resolver would take 99999 modulo 65536 and 0 as any port: the server would listen
@@ -162,12 +172,14 @@ def test_a_port_outside_1_to_65535_is_refused(tmp_path: Path, port: str) -> None
 
 
 @contextmanager
-def server(tmp_path: Path, env: dict[str, str], port: int) -> Iterator[tuple[subprocess.Popen[str], Path]]:
+def server(
+    tmp_path: Path, env: dict[str, str], port: int, *extra: str
+) -> Iterator[tuple[subprocess.Popen[str], Path]]:
     log = tmp_path / f"server-{port}.log"
     with log.open("w") as out:
         process = subprocess.Popen(
-            [str(HORDE_LITE), *run_args(port)], cwd=tmp_path, env=env, stdout=out, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
+            [str(HORDE_LITE), *run_args(port), *extra], cwd=tmp_path, env=env, stdout=out,
+            stderr=subprocess.STDOUT, text=True, start_new_session=True,
         )  # fmt: skip
     try:
         deadline = time.monotonic() + 60
@@ -194,6 +206,7 @@ def server(tmp_path: Path, env: dict[str, str], port: int) -> Iterator[tuple[sub
             process.wait(10)
 
 
+@pytest.mark.slow
 def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
     port = free_port()
     env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL=db_url)
@@ -214,6 +227,72 @@ def test_two_servers_on_one_port(tmp_path: Path, db_url: str) -> None:
         assert httpx.get(f"http://127.0.0.1:{port}/api/v2/status/heartbeat", timeout=5).status_code == 200
 
 
+@pytest.fixture
+def fresh_url(db_url: str, tmp_path: Path) -> Iterator[str]:
+    """An empty database of `db_url`'s kind, never migrated: a new SQLite file, or a new database
+    on the suite's PostgreSQL server (dropped afterwards)."""
+    if not is_postgres(db_url):
+        yield f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+        return
+    name = f"horde_lite_fresh_{uuid.uuid4().hex[:12]}"
+    server_url = make_url(db_url)
+
+    async def admin(statement: str) -> None:
+        conn = await asyncpg.connect(
+            host=server_url.host, port=server_url.port or 5432, user=server_url.username,
+            password=server_url.password, database=server_url.database,
+        )  # fmt: skip
+        try:
+            await conn.execute(statement)
+        finally:
+            await conn.close()
+
+    asyncio.run(admin(f'CREATE DATABASE "{name}"'))
+    try:
+        yield server_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        asyncio.run(admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+
+FORMER_OPTIONS = (
+    '[policies]\ncandidate_allowance_curve = "horde_queue"\n'
+    "[policies.options.candidate_allowance_curve]\nmaximum = 300\n"
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("verbose", [False, True], ids=["short", "verbose"])
+def test_a_fresh_database_is_migrated_in_one_line_unless_verbose(
+    tmp_path: Path, fresh_url: str, verbose: bool
+) -> None:
+    (tmp_path / "litestar.toml").write_text(FORMER_OPTIONS)
+    env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL=fresh_url)
+    port = free_port()
+    with server(tmp_path, env, port, *(["--verbose"] if verbose else [])) as (_, log):
+        lines = log.read_text().splitlines()
+    steps = migrate.pending(None)
+    said = [line for line in lines if "migration(s) applied" in line]
+    assert len(said) == 1, lines
+    assert f"database created: {len(steps)} migration(s) applied, empty -> {steps[-1]}" in said[0]
+    each = [line for line in lines if "Running upgrade" in line]
+    alembic = [line for line in lines if "alembic" in line]
+    if verbose:
+        assert len(each) == len(steps), lines
+        assert "--verbose" not in said[0]
+    else:
+        assert (each, alembic) == ([], []), lines
+        assert "(`horde-lite run --verbose` or HORDE_LITE_VERBOSE=1 lists them)" in said[0]
+    # Then where it listens and which database, after the migrations.
+    listening = next(i for i, line in enumerate(lines) if f"running on http://127.0.0.1:{port}" in line)
+    named = next(i for i, line in enumerate(lines) if "process" in line and "database" in line)
+    assert lines.index(said[0]) < named < listening
+    # The former place of a candidate's options is read, and named for moving, before the server starts.
+    [warning] = [line for line in lines if line.startswith("horde-lite: warning: ")]
+    assert "[policies.options.candidate_allowance_curve] is the former place" in warning
+    assert lines.index(warning) < lines.index(said[0])
+
+
+@pytest.mark.slow
 def test_the_default_database_is_the_same_from_any_directory(tmp_path: Path) -> None:
     env = clean_env(tmp_path)
     (tmp_path / "one").mkdir()
@@ -233,6 +312,7 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@pytest.mark.slow
 def test_a_worker_names_itself_first(tmp_path: Path) -> None:
     # Started with SIGINT ignored, as a shell starts a background job: the first line comes once
     # the worker handles the signal itself, so the SIGINT sent right after it stops the worker.
@@ -273,6 +353,7 @@ asyncio.run(main())
 """
 
 
+@pytest.mark.slow
 def test_a_started_server_keeps_its_start_up_objects_out_of_full_collections(db_url: str) -> None:
     """horde_lite/heap.py: once started, a process freezes what it holds (modules, the app), so the
     cyclic collector's full passes skip them; once per process."""

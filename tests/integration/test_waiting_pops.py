@@ -85,6 +85,7 @@ async def test_the_bound_reached_answers_empty_with_skipped_and_messages(client:
     assert len(client.horde.pop_waiters) == 0
 
 
+@pytest.mark.slow
 async def test_a_cancelled_request_wakes_nothing_and_is_claimed_by_no_one(client: HordeClient) -> None:
     key = await client.user("volunteer")
     created = (await client.create(ANON, models=["m"], params={"max_length": 512})).json()
@@ -99,6 +100,7 @@ async def test_a_cancelled_request_wakes_nothing_and_is_claimed_by_no_one(client
     assert await count(client, Generation) == 0
 
 
+@pytest.mark.slow
 async def test_a_worker_whose_models_do_not_match_stays_waiting(client: HordeClient) -> None:
     key = await client.user("volunteer")
     pop = await pop_aside(client, key, "w1", models=["a"], wait_seconds=2)
@@ -110,6 +112,7 @@ async def test_a_worker_whose_models_do_not_match_stays_waiting(client: HordeCli
     assert (await client.status(created["id"])).json()["waiting"] == 1
 
 
+@pytest.mark.slow
 async def test_many_waiters_one_job_one_gets_it_and_few_try(client: HordeClient) -> None:
     key = await client.user("volunteer")
     names = [f"w{i}" for i in range(4)]
@@ -126,6 +129,7 @@ async def test_many_waiters_one_job_one_gets_it_and_few_try(client: HordeClient)
     assert await count(client, Generation) == 1
 
 
+@pytest.mark.slow
 async def test_a_wake_up_for_a_job_another_process_took_is_not_handed_on(client: HordeClient) -> None:
     key = await client.user("volunteer")
     created = (await client.create(ANON, models=["m"])).json()
@@ -161,6 +165,7 @@ async def test_a_job_given_back_wakes_a_waiting_pop(client: HordeClient) -> None
     assert (await client.status(created["id"])).json()["processing"] == 1
 
 
+@pytest.mark.slow
 async def test_a_switch_of_the_horde_modes_wakes_each_waiting_pop_once(client: HordeClient) -> None:
     """Every pop reads the modes in force: a switch may free jobs a mode held back, so each waiting
     pop tries once more (here it finds none and waits on to its bound)."""
@@ -235,6 +240,7 @@ async def _waiting_on(base: str, count: int, within: float = PATIENCE) -> None:
             await asyncio.sleep(0.05)
 
 
+@pytest.mark.slow
 async def test_a_waiting_pop_is_woken_by_a_request_created_in_another_process(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -289,6 +295,7 @@ async def _listening(db_url: str, processes: int) -> None:
         await conn.close()
 
 
+@pytest.mark.slow
 async def test_a_client_that_leaves_claims_nothing(db_url: str, tmp_path: Path) -> None:
     keys = await make_users(db_url, {"volunteer": 0})
     with served(db_url, {}, tmp_path) as one:
@@ -314,6 +321,7 @@ async def test_a_client_that_leaves_claims_nothing(db_url: str, tmp_path: Path) 
             assert job["id"] is not None
 
 
+@pytest.mark.slow
 async def test_horde_lite_worker_waits_at_the_horde_and_is_woken(
     tmp_path: Path, sqlite_template: Path
 ) -> None:

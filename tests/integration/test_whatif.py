@@ -146,6 +146,7 @@ async def _job_free_pop(client: HordeClient, key: str) -> None:
 # --- a candidate speed gate ------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 async def test_a_candidate_speed_gate_in_shadow_and_whatif_count_the_jobs_it_would_refuse(
     db_url: str, tmp_path: Path
 ) -> None:
@@ -387,3 +388,49 @@ def test_a_candidate_that_is_not_installed_stops_start_up(setting: str, kind: st
     assert str(info.value) == (
         f"[policies] {setting} = 'fastest' is not installed; installed {kind} policies: {installed}"
     )
+
+
+# --- the prose says what is missing --------------------------------------------------------------
+
+
+# A dash standing alone for a value ("in force: -", "held their lease - before"); list bullets, the
+# table's "in force -> would be" arrows and hyphenated words are not placeholders.
+BARE_DASH = r"(^|\s|:)-(\s|$|\))"
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (
+            ["--speed-gate", "enforce_all"],
+            [
+                "gate in force: none known (no assignment recorded in this window)",
+                "Aborts avoided: none",
+                "no job this gate would have refused completed",
+            ],
+        ),
+        (
+            ["--allowance-curve", "horde_queue"],
+            ["curve in force: none known (no admission recorded in this window)"],
+        ),
+    ],
+    ids=["speed-gate", "allowance-curve"],
+)
+def test_whatif_over_an_empty_window_says_in_words_what_is_missing(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, args: list[str], words: list[str]
+) -> None:
+    import re
+
+    from click.testing import CliRunner
+
+    from horde_lite import cli
+    from tests.support.cli import point_settings_at
+
+    point_settings_at(db_url, tmp_path, monkeypatch)
+    result = CliRunner().invoke(cli.cli, ["whatif", *args], catch_exceptions=False)
+    assert result.exit_code == 0, result.output
+    for expected in words:
+        assert expected in result.stdout
+    lines = result.stdout.splitlines()
+    prose = [line.removeprefix("- ") for line in lines if not line.startswith(("day", "total", "20"))]
+    assert [line for line in prose if re.search(BARE_DASH, line)] == [], result.stdout

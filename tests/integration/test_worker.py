@@ -53,6 +53,7 @@ async def lite(tmp_path: Path, sqlite_template: Path) -> AsyncIterator[Rig]:
         yield r
 
 
+@pytest.mark.slow
 async def test_streamed_chat_reaches_the_client_while_the_backend_generates(both: Rig) -> None:
     worker = both.worker("streamer")
     async with running(worker):
@@ -91,6 +92,7 @@ async def test_streamed_chat_reaches_the_client_while_the_backend_generates(both
     assert "".join(b["delta"].get("content", "") for b in both.proxy.progress) == FULL
 
 
+@pytest.mark.slow
 async def test_tool_call_fragments_are_relayed_as_they_come(lite: Rig) -> None:
     async with running(lite.worker("toolsmith", features=["tools"])):
         await lite.online("toolsmith")
@@ -113,6 +115,7 @@ async def test_tool_call_fragments_are_relayed_as_they_come(lite: Rig) -> None:
     assert "".join(f["function"].get("arguments", "") for batch in relayed for f in batch) == TOOL_ARGS
 
 
+@pytest.mark.slow
 async def test_a_legacy_job_goes_to_v1_completions_with_mapped_parameters(both: Rig) -> None:
     params = {"max_length": 40, "temperature": 0.5, "top_p": 0.9, "top_k": 40, "rep_pen": 1.1,
               "rep_pen_range": 320, "stop_sequence": ["\n\n"], "typical": 1}  # fmt: skip
@@ -132,6 +135,7 @@ async def test_a_legacy_job_goes_to_v1_completions_with_mapped_parameters(both: 
     }  # fmt: skip
 
 
+@pytest.mark.slow
 async def test_cancel_closes_the_backend_stream_and_submits_what_was_made(lite: Rig) -> None:
     worker = lite.worker("canceller")
     async with running(worker):
@@ -157,6 +161,7 @@ async def test_cancel_closes_the_backend_stream_and_submits_what_was_made(lite: 
     assert record.json()["faulted_jobs"] == 0
 
 
+@pytest.mark.slow
 async def test_a_backend_error_faults_that_job_and_names_the_cause(
     lite: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -189,6 +194,7 @@ async def test_a_backend_error_faults_that_job_and_names_the_cause(
     assert "the model crashed" in line
 
 
+@pytest.mark.slow
 async def test_a_backend_that_is_down_pauses_popping_and_faults_nothing(
     lite: Rig, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -214,6 +220,7 @@ async def test_a_backend_that_is_down_pauses_popping_and_faults_nothing(
     assert (record["faulted_jobs"], record["aborted_jobs"]) == (0, 0)
 
 
+@pytest.mark.slow
 async def test_a_lost_progress_answer_is_retried_with_the_same_seq(lite: Rig) -> None:
     lite.proxy.lose_answer_to_seq = 2
     lite.backend.release()  # no hold: tokens after the third come 0.1 s apart, one post each

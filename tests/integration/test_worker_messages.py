@@ -305,6 +305,7 @@ async def lite(tmp_path: Path, sqlite_template: Path) -> AsyncIterator[Rig]:
         yield r
 
 
+@pytest.mark.slow
 async def test_the_worker_logs_each_message_once(lite: Rig, caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.INFO, logger="horde_lite.worker")
 

@@ -42,6 +42,7 @@ def _spawn_worker(lite: Rig, log: Path) -> subprocess.Popen[bytes]:
         )
 
 
+@pytest.mark.slow
 async def test_sigterm_stops_popping_finishes_the_job_in_hand_and_exits_0(lite: Rig, tmp_path: Path) -> None:
     created = await lite.http.post(
         "/api/v2/generate/text/async",
@@ -73,6 +74,7 @@ async def test_sigterm_stops_popping_finishes_the_job_in_hand_and_exits_0(lite: 
     assert record["faulted_jobs"] == 0
 
 
+@pytest.mark.slow
 def test_demo_runs_for_a_bounded_time_and_completes_jobs(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("HORDE_LITE_")}
     result = subprocess.run(

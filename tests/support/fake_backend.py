@@ -178,7 +178,10 @@ class Served:
     def __init__(self, app: Any, port: int | None = None) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on")
+        # A stop cuts connections still open after a second (a waiting pop, a stream the test left):
+        # uvicorn would otherwise wait for them, and __exit__ gives up on the thread after 15 s.
+        config = uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning", lifespan="on",
+                                timeout_graceful_shutdown=1)  # fmt: skip
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 

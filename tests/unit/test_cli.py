@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -239,6 +240,7 @@ def test_bad_settings_are_a_clean_cli_error(run: Any, monkeypatch: pytest.Monkey
     assert "HORDE_LITE_LEASE__BASE_SECS" in result.output
 
 
+@pytest.mark.slow
 def test_console_script_users_create_and_policies_list(db_url: str, tmp_path: Path) -> None:
     """The installed `horde-lite` (the Litestar CLI preset to the app) carries our commands."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("HORDE_LITE_")}
@@ -364,3 +366,22 @@ async def test_openapi_writes_the_schema_the_server_serves(client: Any, run: Any
     assert json.loads((tmp_path / "openapi.json").read_text()) == served.json()
     to_stdout = run(cli.openapi)
     assert json.loads(to_stdout.stdout) == served.json()
+
+
+def test_policies_history_numbers_each_switch_by_the_version_use_printed(run: Any) -> None:
+    """Switches of two kinds interleave, so a kind's versions are not the log's row numbers."""
+    said = []
+    for kind, name in [("speed_gate", "enforce_all"), ("allowance_curve", "horde_queue"),
+                       ("speed_gate", "off"), ("speed_gate", "enforce_chat")]:  # fmt: skip
+        result = run(cli.cli, "policies", "use", kind, name)
+        assert result.exit_code == 0, result.output
+        version = re.search(r"\(version (\d+)\)", result.stdout)
+        assert version is not None, result.stdout
+        said.append(f"{kind} version {version[1]}: ")
+    assert said[2:] == ["speed_gate version 2: ", "speed_gate version 3: "]
+    history = run(cli.cli, "policies", "history")
+    assert history.exit_code == 0, history.output
+    lines = history.stdout.splitlines()
+    assert len(lines) == 4
+    for line, prefix in zip(lines, reversed(said), strict=True):  # newest first
+        assert prefix in line, (prefix, history.stdout)

@@ -139,6 +139,7 @@ def _expected(
     gone=st.lists(st.integers(0, 29), max_size=5),
     mine=requests(),
 )
+@pytest.mark.slow
 def test_the_estimate_is_the_eligibility_check_pair_by_pair(
     gate: str,
     fleet: list[tuple[WorkerFacts, int]],

@@ -9,7 +9,14 @@ import msgspec
 import pytest
 
 from horde_lite.policies.registry import PolicyError, load_policies
-from horde_lite.settings import Settings, SettingsError, default_database_url, load_settings
+from horde_lite.settings import (
+    POLICY_TABLES,
+    Settings,
+    SettingsError,
+    default_database_url,
+    former_policy_options,
+    load_settings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -78,23 +85,90 @@ def test_repo_litestar_toml_loads_to_the_defaults() -> None:
 
 
 def test_repo_litestar_toml_lists_every_table_and_key() -> None:
+    """Every key settings.py knows is shown in litestar.toml (the file says so at its top); the
+    policies and candidates as tables of the same shape, `name` and, commented, `options`."""
     import tomllib
 
-    raw = tomllib.loads((ROOT / "litestar.toml").read_text())
+    text = (ROOT / "litestar.toml").read_text()
+    raw = tomllib.loads(text)
     for field in msgspec.structs.fields(Settings):
         assert field.name in raw, f"[{field.name}] missing from litestar.toml"
-        if field.name == "policies":
-            for kind in ("speed_gate", "allowance_curve", "shadow_metrics"):
-                assert raw["policies"][kind]["name"] == getattr(Settings().policies, kind)
-            continue
         table = getattr(Settings(), field.name)
-        text = (ROOT / "litestar.toml").read_text()
         for sub in msgspec.structs.fields(table):
+            if field.name == "policies" and sub.name in POLICY_TABLES:
+                assert raw["policies"][sub.name]["name"] == getattr(table, sub.name), sub.name
+                assert f"[policies.{sub.name}.options]" in text, f"[policies.{sub.name}.options] not shown"
+                continue
+            # Gathered from the [policies.<key>.options] tables checked above.
+            if (field.name, sub.name) == ("policies", "options"):
+                continue
             # [database] url is shown commented out: its default is computed (the user's data directory)
             shown = sub.name in raw[field.name] or (
                 (field.name, sub.name) == ("database", "url") and "# url = " in text
             )
             assert shown, f"[{field.name}] {sub.name} missing from litestar.toml"
+
+
+def test_every_policy_and_candidate_key_is_a_table_in_litestar_toml() -> None:
+    fields = {f.name for f in msgspec.structs.fields(Settings().policies)}
+    assert set(POLICY_TABLES) == fields - {"options", "reload_seconds"}
+
+
+def test_a_candidate_is_written_like_the_policy_in_force(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        '[policies.candidate_allowance_curve]\nname = "horde_queue"\n'
+        "[policies.candidate_allowance_curve.options]\nmaximum = 400\n"
+        '[policies.candidate_speed_gate]\nname = "enforce_all"\n',
+    )
+    settings = load_settings(path, environ={})
+    assert settings.policies.candidate_allowance_curve == "horde_queue"
+    assert settings.policies.candidate_speed_gate == "enforce_all"
+    assert settings.policies.options == {"candidate_allowance_curve": {"maximum": 400}}
+    policies = load_policies(settings.policies)
+    assert policies.candidate_allowance_curve.maximum == 400  # type: ignore[union-attr]
+    assert former_policy_options(path) == []
+
+
+def test_a_candidate_option_of_the_wrong_type_names_its_table(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        '[policies.candidate_allowance_curve]\nname = "horde_queue"\n'
+        '[policies.candidate_allowance_curve.options]\nmaximum = "many"\n',
+    )
+    with pytest.raises(
+        PolicyError, match=r"\[policies\.candidate_allowance_curve\.options\] for 'horde_queue'"
+    ):
+        load_policies(load_settings(path, environ={}).policies)
+
+
+def test_options_in_the_former_table_are_read_and_named_for_moving(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        '[policies]\ncandidate_allowance_curve = "horde_queue"\n'
+        "[policies.options.candidate_allowance_curve]\nmaximum = 300\n",
+    )
+    policies = load_policies(load_settings(path, environ={}).policies)
+    assert policies.candidate_allowance_curve.maximum == 300  # type: ignore[union-attr]
+    [warning] = former_policy_options(path)
+    assert str(path) in warning
+    assert "[policies.options.candidate_allowance_curve] is the former place" in warning
+    assert "move them to [policies.candidate_allowance_curve.options]" in warning
+
+
+def test_options_in_both_tables_are_refused_naming_both(elsewhere: Path) -> None:
+    path = _write(
+        elsewhere,
+        "[policies.options.candidate_allowance_curve]\nmaximum = 300\n"
+        '[policies.candidate_allowance_curve]\nname = "horde_queue"\n'
+        "[policies.candidate_allowance_curve.options]\nmaximum = 400\n",
+    )
+    with pytest.raises(SettingsError) as refused:
+        load_settings(path, environ={})
+    message = str(refused.value)
+    assert "[policies.candidate_allowance_curve.options]" in message
+    assert "[policies.options.candidate_allowance_curve]" in message
+    assert str(path) in message
 
 
 def test_no_file_means_defaults(elsewhere: Path) -> None:

@@ -113,6 +113,7 @@ async def keys(client: HordeClient) -> dict[str, str]:
 # --- agreement between the pop clause and the eligibility check ---------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gate_name", BUILT_IN_GATES)
 def test_pop_clause_agrees_with_the_eligibility_check(gate_name: str, db_url: str) -> None:
     """Generated fleets and queues (chat and legacy, with and without a capable worker online:

@@ -522,6 +522,7 @@ def _pop_input(spec: Spec) -> PopInput:
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
+@pytest.mark.slow
 @given(fleet=workers_st, ahead=st.lists(request_st, max_size=3), mine=request_st)
 async def test_every_reader_agrees_with_the_eligibility_check(
     client: HordeClient, fleet: list[dict[str, Any]], ahead: list[dict[str, Any]], mine: dict[str, Any]
