@@ -211,6 +211,14 @@ class SubmitChat(_In):
     usage: dict[Annotated[str, msgspec.Meta(max_length=64)], Count] = {}
 
 
+class SubmitUsage(_In, forbid_unknown_fields=True):
+    """A legacy job's usage as the worker's model counted it (a horde_lite extension; a chat job's
+    travels in `chat.usage`)."""
+
+    prompt_tokens: Count | None = None
+    completion_tokens: Count | None = None
+
+
 class SubmitInput(_In):
     id: Id
     generation: str = ""
@@ -218,6 +226,7 @@ class SubmitInput(_In):
     seed: Seed | None = None
     gen_metadata: list[dict[str, Any]] | None = None
     chat: SubmitChat | None = None
+    usage: SubmitUsage | None = None
 
 
 class ProgressDelta(_In):

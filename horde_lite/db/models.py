@@ -498,6 +498,8 @@ class Generation(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(Boolean, default=False)
     chat_result: Mapped[dict[str, Any] | None] = mapped_column(JsonDoc, nullable=True)
+    # A legacy job's usage as its worker reported it, bounded (a chat job's is in chat_result).
+    usage: Mapped[dict[str, int] | None] = mapped_column(JsonDoc, nullable=True)
 
 
 # --- history: what operators read to compare policies --------------------------------------------------

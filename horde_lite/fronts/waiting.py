@@ -194,6 +194,7 @@ class _Gen:
     progress_content: str
     progress_tool_calls: list[Any]
     chat_result: dict[str, Any] | None
+    usage: dict[str, Any] | None  # a legacy job's reported usage, as kept
 
 
 @dataclass
@@ -217,6 +218,7 @@ def _gen(g: Generation) -> _Gen:
         progress_content=g.progress_content or "",
         progress_tool_calls=list(g.progress_tool_calls or []),
         chat_result=dict(g.chat_result) if g.chat_result else None,
+        usage=dict(g.usage) if g.usage else None,
     )
 
 
@@ -465,7 +467,7 @@ class Waiter:
         message: dict[str, Any] = {"role": "assistant", "content": content}
         if tool_calls:
             message["tool_calls"] = tool_calls
-        usage = result.get("usage") if isinstance(result.get("usage"), dict) else {}
+        usage = result.get("usage") if isinstance(result.get("usage"), dict) else g.usage or {}
         assert isinstance(usage, dict)
         remainder_text = None
         if content and content.startswith(self.streamed_text) and len(content) > len(self.streamed_text):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import msgspec
 from sqlalchemy import bindparam, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -151,7 +152,9 @@ def require_live(generation: Generation) -> None:
 
 
 # What a stored submit may change on the job's generation, its worker and its request.
-_STORED = ("submitted_at", "state", "chat_result", "text", "seed", "gen_metadata", "tokens", "reward")
+_STORED = (
+    "submitted_at", "state", "chat_result", "usage", "text", "seed", "gen_metadata", "tokens", "reward"
+)  # fmt: skip
 _WORKER_TOTALS = (
     "completed_jobs", "tokens_generated", "kudos_earned", "speed_samples", "lease_speed", "capacity"
 )  # fmt: skip
@@ -182,6 +185,12 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
             await shadow_outcome(session, horde, generation, worker, request, "faulted")
             horde.notifier.on_commit(session, request.id, remote=request.waited)
         return Stored(0.0)
+    if body.usage is not None and (request.is_chat or body.chat is not None):
+        raise HordeError(
+            Rc.BadRequest,
+            "`usage` is a legacy job's; a chat job's usage travels in `chat.usage`. Nothing was "
+            "stored; the job is still yours.",
+        )
     text = body.generation
     # Past the job's bound nothing is stored and the job stays the worker's (it may submit again).
     message = body.chat.message if body.chat is not None else None
@@ -192,6 +201,8 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         content = body.chat.message.get("content")
         if not text and isinstance(content, str):
             text = content
+    elif body.usage is not None:
+        reported = body.usage.completion_tokens
     # Within the bound the text is kept as sent (upstream keeps it); only the count is capped.
     tokens = count_tokens(text, reported, request.max_length)
     if body.chat is not None:
@@ -202,6 +213,9 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
                 body.chat.usage, tokens, worker.chat_max_context_tokens or worker.max_context_length
             ),
         }
+    elif body.usage is not None:
+        sent = {k: v for k, v in msgspec.structs.asdict(body.usage).items() if v is not None}
+        generation.usage = _believed_usage(sent, tokens, worker.max_context_length) or None
     generation.state = "censored" if body.state in ("censored", "csam") else "ok"
     generation.text = text
     generation.seed = None if body.seed is None else str(body.seed)

@@ -22,10 +22,12 @@ LEASE_MARGIN = 5.0  # a job that does not stream must be submitted this long bef
 FAULT_TIMEOUT = 10.0  # how long a fault report may take while shutting down
 
 
-def legacy_tokens(text: str, payload: dict[str, Any]) -> int:
-    """A legacy text's tokens as the horde counts them (no count travels with the text): one per
-    4 characters, never more than the job's `max_length` (what it allowed, and what is paid)."""
-    counted = math.ceil(len(text) / 4)
+def legacy_tokens(text: str, payload: dict[str, Any], usage: dict[str, int] | None = None) -> int:
+    """A legacy text's tokens as the horde counts them: the backend's `completion_tokens` when it
+    said one, else one per 4 characters; never more than the job's `max_length` (what it allowed,
+    and what is paid)."""
+    reported = (usage or {}).get("completion_tokens")
+    counted = reported if reported is not None else math.ceil(len(text) / 4)
     allowed = payload.get("max_length")
     return min(counted, allowed) if isinstance(allowed, int) and allowed > 0 else counted
 
@@ -170,12 +172,15 @@ class JobRunner:
         for gen_id in ids:
             try:
                 async with asyncio.timeout(limit):
-                    text = await self.backend.text(model, payload)
+                    answer = await self.backend.text(model, payload)
             except TimeoutError as e:
                 raise BackendError(f"no answer within the job's lease ({limit:.0f} s)") from e
-            reward = await self.api.submit({"id": gen_id, "generation": text, "state": "ok"})
+            submitted: dict[str, Any] = {"id": gen_id, "generation": answer.text, "state": "ok"}
+            if answer.usage:  # the model's counts, a horde_lite extension of the submit
+                submitted["usage"] = answer.usage
+            reward = await self.api.submit(submitted)
             done.append(gen_id)
-            self._done(gen_id, "text", legacy_tokens(text, payload), started, reward, "")
+            self._done(gen_id, "text", legacy_tokens(answer.text, payload, answer.usage), started, reward, "")
 
     @staticmethod
     def _done(gen_id: str, kind: str, tokens: int, started: float, reward: float | None, note: str) -> None:

@@ -29,6 +29,7 @@ from sqlalchemy import select
 
 from horde_lite.db.models import Generation, TextRequest
 from horde_lite.demo.server import make_users
+from horde_lite.fronts.text_front import prompt_tokens
 from horde_lite.requests import prices
 from tests.conftest import make_settings
 from tests.support.cli import query
@@ -246,6 +247,40 @@ async def test_completions_with_a_stop_sequence(stack: Stack) -> None:
     assert answer.choices[0].finish_reason == "stop"
 
 
+async def test_a_completion_shows_the_models_counts_and_earns_their_reward(stack: Stack) -> None:
+    prompt = "Once upon a time, in a village at the foot of a mountain,"
+    asked: dict[str, Any] = {"model": stack.model.model, "prompt": prompt, "max_tokens": 16, **GREEDY}
+    answer = await stack.openai().completions.create(**asked)
+    own = await stack.direct().completions.create(**asked)
+    assert answer.choices[0].text
+    assert answer.choices[0].text == own.choices[0].text
+    assert answer.usage is not None
+    assert own.usage is not None
+    assert own.usage.prompt_tokens != prompt_tokens(prompt)  # the model's count, not the estimate
+    shown = (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens)
+    assert shown == (own.usage.prompt_tokens, own.usage.completion_tokens, own.usage.total_tokens)
+    request_id = answer.id.removeprefix("cmpl-")
+    reward = await stack.reward_for(request_id, stack.model.model, own.usage.completion_tokens)
+    assert reward > 0
+    record = await stack.worker_record()
+    assert record is not None
+    assert record["kudos_rewards"] == reward
+    assert (answer.model_extra or {})["kudos"] == round(reward + prices.BURN, 2)  # what the client paid
+    assert f": {own.usage.completion_tokens} tokens in" in await stack.logged("submitted (text)")
+    # Streamed, with the usage chunk asked for: the same counts.
+    stream = await stack.openai().completions.create(
+        **asked, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = [chunk async for chunk in stream]
+    assert "".join(c.text for chunk in chunks for c in chunk.choices) == own.choices[0].text
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert (usage.prompt_tokens, usage.completion_tokens) == (
+        own.usage.prompt_tokens,
+        own.usage.completion_tokens,
+    )
+
+
 async def test_a_client_that_leaves_mid_stream_cancels_and_the_worker_is_paid_for_what_it_made(
     stack: Stack,
 ) -> None:
@@ -285,4 +320,4 @@ async def test_the_horde_sdk_gets_real_text(stack: Stack) -> None:
     logged = re.search(r": (\d+) tokens in", line)
     assert logged is not None
     _, _, tokens = await stack.priced(answer.request_id)
-    assert int(logged.group(1)) == tokens <= 16  # the horde's count, never more than the job allowed
+    assert int(logged.group(1)) == tokens <= 16  # the model's count, never more than the job allowed

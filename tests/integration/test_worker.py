@@ -18,8 +18,10 @@ import pytest
 from tests.support.fake_backend import (
     HOLD_TOKENS,
     LEGACY_TEXT,
+    LEGACY_USAGE,
     MODEL_ID,
     RAMBLE,
+    RAMBLE_TOKENS,
     TOKENS,
     TOOL_ARGS,
     FakeBackend,
@@ -133,6 +135,33 @@ async def test_a_legacy_job_goes_to_v1_completions_with_mapped_parameters(both: 
         "model": MODEL_ID, "prompt": "Once upon a time", "max_tokens": 40, "temperature": 0.5, "top_p": 0.9,
         "top_k": 40, "repetition_penalty": 1.1, "repeat_penalty": 1.1, "stop": ["\n\n"],
     }  # fmt: skip
+
+
+async def test_a_legacy_jobs_usage_is_the_backends(both: Rig, caplog: pytest.LogCaptureFixture) -> None:
+    """/v1/completions through the worker shows the backend's counts, not the horde's estimate
+    (10 tokens from LEGACY_TEXT's characters, the prompt's characters / 3), and its log says them."""
+    caplog.set_level(logging.INFO, logger="horde_lite.worker")
+    async with running(both.worker("counted", chat=False)):
+        await both.online("counted")
+        answer = await both.openai().completions.create(model=MODEL, prompt="Once upon a time", max_tokens=40)
+    assert answer.choices[0].text == LEGACY_TEXT
+    assert answer.usage is not None
+    assert answer.usage.model_dump(exclude_none=True) == LEGACY_USAGE
+    [line] = [r.getMessage() for r in caplog.records if "submitted (text)" in r.getMessage()]
+    assert f": {LEGACY_USAGE['completion_tokens']} tokens in" in line
+
+
+async def test_a_legacy_answer_without_usage_is_counted_by_the_horde(
+    lite: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="horde_lite.worker")
+    async with running(lite.worker("unsaid", chat=False)):
+        await lite.online("unsaid")
+        answer = await lite.openai().completions.create(model=MODEL, prompt="mute", max_tokens=40)
+    assert answer.usage is not None
+    assert (answer.usage.prompt_tokens, answer.usage.completion_tokens) == (2, 10)  # "mute": 4 / 3
+    [line] = [r.getMessage() for r in caplog.records if "submitted (text)" in r.getMessage()]
+    assert ": 10 tokens in" in line
 
 
 @pytest.mark.slow
@@ -270,6 +299,7 @@ async def test_the_log_counts_a_legacy_job_at_most_what_it_allowed(
     assert created.status_code == 202, created.text
     async with running(lite.worker("rambler", chat=False)):
         status = await lite.until_done(created.json()["id"])
-    assert [g["text"] for g in status["generations"]] == [RAMBLE]  # kept as sent, 39 tokens' worth
+    assert [g["text"] for g in status["generations"]] == [RAMBLE]  # kept as sent
     [line] = [r.getMessage() for r in caplog.records if "submitted (text)" in r.getMessage()]
-    assert ": 16 tokens in" in line
+    assert RAMBLE_TOKENS > 16
+    assert ": 16 tokens in" in line  # the backend's count, capped

@@ -10,8 +10,10 @@ it does is chosen by the last user message:
 - `"fail"`: HTTP 500;
 - anything else: TOKENS tokens at once.
 
-A legacy prompt `"ramble"` is answered with more text than any job allows (RAMBLE). With
-`context=None` it says nothing of its context (no `/props`), as llama-cpp-python's server.
+A legacy prompt is answered with LEGACY_TEXT and its `usage` (LEGACY_USAGE), as llama-server
+answers; `"ramble"` with more text than any job allows (RAMBLE, RAMBLE_TOKENS by its count);
+`"mute"` with LEGACY_TEXT and no `usage`. With `context=None` it says nothing of its context (no
+`/props`), as llama-cpp-python's server.
 
 It records every request body, and whether a stream was closed by the client before it ended.
 """
@@ -36,6 +38,9 @@ AFTER_HOLD_PAUSE = 0.1
 TOOL_ARGS = '{"city": "Paris", "days": 2}'
 LEGACY_TEXT = " and they all lived happily ever after."
 RAMBLE = LEGACY_TEXT * 4  # 156 characters: 39 tokens by the horde's count
+# Its counts of a legacy answer (the horde's own: 10 tokens for LEGACY_TEXT, from its characters).
+LEGACY_USAGE = {"prompt_tokens": 5, "completion_tokens": 9, "total_tokens": 14}
+RAMBLE_TOKENS = 36
 CONTEXT = 8192
 MODEL_ID = "fake-model.gguf"
 
@@ -91,8 +96,7 @@ class FakeBackend:
         elif path == "/props" and self.context is not None:
             await _json(send, 200, {"default_generation_settings": {"n_ctx": self.context}})
         elif path == "/v1/completions":
-            text = RAMBLE if body.get("prompt") == "ramble" else LEGACY_TEXT
-            await _json(send, 200, {"choices": [{"text": text, "index": 0, "finish_reason": "length"}]})
+            await _json(send, 200, _completion(body.get("prompt")))
         elif path == "/v1/chat/completions":
             await self._chat(body, receive, send)
         else:
@@ -156,6 +160,17 @@ def _chunk(delta: dict[str, Any], finish: str | None = None) -> bytes:
     event = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": int(time.time()),
              "model": MODEL_ID, "choices": [choice]}  # fmt: skip
     return f"data: {json.dumps(event)}\n\n".encode()
+
+
+def _completion(prompt: Any) -> dict[str, Any]:
+    text, usage = LEGACY_TEXT, dict(LEGACY_USAGE)
+    if prompt == "ramble":
+        text = RAMBLE
+        usage.update(completion_tokens=RAMBLE_TOKENS, total_tokens=usage["prompt_tokens"] + RAMBLE_TOKENS)
+    answer: dict[str, Any] = {"choices": [{"text": text, "index": 0, "finish_reason": "length"}]}
+    if prompt != "mute":
+        answer["usage"] = usage
+    return answer
 
 
 def _usage(completion: int) -> bytes:

@@ -1,7 +1,7 @@
 """The backend interface every model server module implements, and what it yields.
 
 A backend turns a job's payload into output. Chat output is streamed as `Chunk`s (whether or not
-the job streams to a client: the worker accumulates them); legacy text is one string. Two kinds
+the job streams to a client: the worker accumulates them); legacy text is one `Completion`. Two kinds
 of failure are told apart because the worker reacts differently:
 
 - `BackendDown`: the server cannot be reached (connection refused, DNS, connect timeout). The
@@ -37,6 +37,15 @@ class Chunk:
 
 
 @dataclass
+class Completion:
+    """A legacy job's text, with the backend's `usage` (`prompt_tokens`, `completion_tokens`) when
+    it says one."""
+
+    text: str
+    usage: dict[str, int] | None = None
+
+
+@dataclass
 class Discovered:
     """What the backend says about itself; None where it says nothing (flags fill the gaps)."""
 
@@ -63,7 +72,7 @@ class Backend(Protocol):
         """Stream a chat completion of the job's payload. Closing the iterator closes the stream."""
         ...
 
-    async def text(self, model: str, payload: dict[str, Any]) -> str:
+    async def text(self, model: str, payload: dict[str, Any]) -> Completion:
         """One completion of a legacy job's prompt with its Kobold parameters."""
         ...
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import httpx
 
-from horde_lite.worker.backends.base import BackendError, Discovered
+from horde_lite.worker.backends.base import BackendError, Completion, Discovered
 from horde_lite.worker.backends.http import raise_for_status, translated
 from horde_lite.worker.backends.openai import OpenAIBackend
 
@@ -39,12 +39,13 @@ class KoboldBackend(OpenAIBackend):
             return False
         return response.status_code < 500
 
-    async def text(self, model: str, payload: dict[str, Any]) -> str:
+    async def text(self, model: str, payload: dict[str, Any]) -> Completion:
+        """Its native route's text; it says no counts."""
         body = {k: v for k, v in payload.items() if k != "n"}
         with translated("kobold generate"):
             response = await self.http.post(f"{self.root}/api/v1/generate", json=body)
             await raise_for_status(response, "kobold generate")
         try:
-            return str(response.json()["results"][0]["text"])
+            return Completion(str(response.json()["results"][0]["text"]))
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise BackendError(f"kobold generate: unexpected answer {response.text[:200]!r}") from e

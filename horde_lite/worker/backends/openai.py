@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from horde_lite.worker.backends.base import BackendError, Chunk, Discovered
+from horde_lite.worker.backends.base import BackendError, Chunk, Completion, Discovered
 from horde_lite.worker.backends.http import client, raise_for_status, split_base, stream_chat, translated
 
 # Kobold parameter -> OpenAI /v1/completions field. top_k, min_p and the repetition penalty are
@@ -59,6 +59,14 @@ COUNT_TIMEOUT = 10.0
 
 def _count(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _usage(value: Any) -> dict[str, int] | None:
+    """The prompt and completion counts of a `usage` object, those that are counts (None: none)."""
+    if not isinstance(value, dict):
+        return None
+    kept = {k: n for k in ("prompt_tokens", "completion_tokens") if (n := _count(value.get(k))) is not None}
+    return kept or None
 
 
 class OpenAIBackend:
@@ -163,15 +171,18 @@ class OpenAIBackend:
             return None
         return _count(usage.get("prompt_tokens")) if isinstance(usage, dict) else None
 
-    async def text(self, model: str, payload: dict[str, Any]) -> str:
+    async def text(self, model: str, payload: dict[str, Any]) -> Completion:
+        """The completion's text and, when the server answers with a `usage`, its counts."""
         body = {**completion_params(payload), "model": served_model(model, self.backend_models)}
         with translated("completion"):
             response = await self.http.post(f"{self.v1}/completions", json=body)
             await raise_for_status(response, "completion")
         try:
-            return str(response.json()["choices"][0]["text"])
+            answer = response.json()
+            text = str(answer["choices"][0]["text"])
         except (ValueError, KeyError, IndexError, TypeError) as e:
             raise BackendError(f"completion: unexpected answer {response.text[:200]!r}") from e
+        return Completion(text, _usage(answer.get("usage")))
 
     async def aclose(self) -> None:
         await self.http.aclose()

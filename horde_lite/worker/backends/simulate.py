@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from horde_lite.worker.backends.base import Chunk, Discovered
+from horde_lite.worker.backends.base import Chunk, Completion, Discovered
 
 WORDS = [
     "the",
@@ -182,10 +182,11 @@ class SimulatedBackend:
         finish = "stop" if structured or len(words) < max_tokens else "length"
         yield Chunk(finish_reason=finish, usage={**usage, "total_tokens": sum(usage.values())})
 
-    async def text(self, model: str, payload: dict[str, Any]) -> str:
+    async def text(self, model: str, payload: dict[str, Any]) -> Completion:
         total = int(payload.get("max_length") or 80)
         parts = [piece async for piece in self._legacy(total)]
-        return "".join(parts)
+        usage = {"prompt_tokens": _prompt_tokens(payload), "completion_tokens": total}
+        return Completion("".join(parts), usage)
 
     async def _legacy(self, total: int) -> AsyncIterator[str]:
         async for due in self._paced(total):
