@@ -35,7 +35,7 @@ from tests.conftest import make_settings
 from tests.support.cli import query
 from tests.support.model_server import ModelServer
 from tests.support.sdk_client import sdk_text
-from tests.support.worker_rig import PATIENCE, served_horde
+from tests.support.worker_rig import PATIENCE, request_status, served_horde, until_done
 
 pytestmark = pytest.mark.real_model
 
@@ -67,16 +67,10 @@ class Stack:
         return next((w for w in workers if w["name"] == WORKER), None)
 
     async def status(self, request_id: str) -> dict[str, Any]:
-        response = await self.http.get(f"/api/v2/generate/text/status/{request_id}")
-        assert response.status_code == 200, response.text
-        return response.json()
+        return await request_status(self.http, request_id)
 
     async def until_done(self, request_id: str) -> dict[str, Any]:
-        deadline = time.monotonic() + PATIENCE
-        while not ((status := await self.status(request_id))["done"] or status["faulted"]):
-            assert time.monotonic() < deadline, f"{request_id} never finished: {status} {self.log_text()}"
-            await asyncio.sleep(0.05)
-        return status
+        return await until_done(self.http, request_id, self.log_text)
 
     async def priced(self, request_id: str) -> tuple[int, float, int]:
         """The request's priced context and job price, and its one job's stored tokens."""
@@ -94,6 +88,16 @@ class Stack:
         assert tokens == completion_tokens
         sizes = prices.ModelSizes.from_settings(make_settings(self.db_url).kudos)
         return prices.job_reward(sizes, completion_tokens, model, context, True, job_price)
+
+    async def check_paid(self, answer: Any, request_id: str, completion_tokens: int) -> None:
+        """The worker earned the documented reward for `completion_tokens`, and the client paid it
+        (plus the burn)."""
+        reward = await self.reward_for(request_id, self.model.model, completion_tokens)
+        assert reward > 0
+        record = await self.worker_record()
+        assert record is not None
+        assert record["kudos_rewards"] == reward
+        assert (answer.model_extra or {})["kudos"] == round(reward + prices.BURN, 2)
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -186,12 +190,7 @@ async def test_a_chat_answer_is_the_models_with_its_counts_and_the_reward_they_e
     assert answer.usage.total_tokens == own.usage.total_tokens
     assert answer.choices[0].finish_reason == own.choices[0].finish_reason
     request_id = answer.id.removeprefix("chatcmpl-")
-    reward = await stack.reward_for(request_id, stack.model.model, own.usage.completion_tokens)
-    assert reward > 0
-    record = await stack.worker_record()
-    assert record is not None
-    assert record["kudos_rewards"] == reward
-    assert (answer.model_extra or {})["kudos"] == round(reward + prices.BURN, 2)  # what the client paid
+    await stack.check_paid(answer, request_id, own.usage.completion_tokens)
     # The horde API shows the same counts.
     [generation] = (await stack.status(request_id))["generations"]
     assert generation["chat"]["usage"]["prompt_tokens"] == own.usage.prompt_tokens
@@ -260,12 +259,7 @@ async def test_a_completion_shows_the_models_counts_and_earns_their_reward(stack
     shown = (answer.usage.prompt_tokens, answer.usage.completion_tokens, answer.usage.total_tokens)
     assert shown == (own.usage.prompt_tokens, own.usage.completion_tokens, own.usage.total_tokens)
     request_id = answer.id.removeprefix("cmpl-")
-    reward = await stack.reward_for(request_id, stack.model.model, own.usage.completion_tokens)
-    assert reward > 0
-    record = await stack.worker_record()
-    assert record is not None
-    assert record["kudos_rewards"] == reward
-    assert (answer.model_extra or {})["kudos"] == round(reward + prices.BURN, 2)  # what the client paid
+    await stack.check_paid(answer, request_id, own.usage.completion_tokens)
     assert f": {own.usage.completion_tokens} tokens in" in await stack.logged("submitted (text)")
     # Streamed, with the usage chunk asked for: the same counts.
     stream = await stack.openai().completions.create(

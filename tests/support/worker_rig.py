@@ -30,6 +30,24 @@ MODEL = "test/chat-7B"
 PATIENCE = 30.0  # a hang guard, not a speed check
 
 
+async def request_status(http: httpx.AsyncClient, request_id: str) -> dict[str, Any]:
+    """The horde API's status of a request (`http`: a client on the horde's base URL)."""
+    response = await http.get(f"/api/v2/generate/text/status/{request_id}")
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+async def until_done(
+    http: httpx.AsyncClient, request_id: str, context: Callable[[], str] = str
+) -> dict[str, Any]:
+    """The request's status once it is done or faulted; `context()` is added to a timeout's message."""
+    deadline = time.monotonic() + PATIENCE
+    while not ((status := await request_status(http, request_id))["done"] or status["faulted"]):
+        assert time.monotonic() < deadline, f"request {request_id} never finished: {status} {context()}"
+        await asyncio.sleep(0.05)
+    return status
+
+
 @dataclass
 class Rig:
     horde_url: str
@@ -51,18 +69,10 @@ class Rig:
         return openai.AsyncOpenAI(base_url=f"{self.horde_url}/v1", api_key=self.key, max_retries=0)
 
     async def status(self, request_id: str) -> dict[str, Any]:
-        response = await self.http.get(f"/api/v2/generate/text/status/{request_id}")
-        assert response.status_code == 200, response.text
-        return response.json()
+        return await request_status(self.http, request_id)
 
     async def until_done(self, request_id: str) -> dict[str, Any]:
-        deadline = time.monotonic() + PATIENCE
-        while time.monotonic() < deadline:
-            status = await self.status(request_id)
-            if status["done"] or status["faulted"]:
-                return status
-            await asyncio.sleep(0.1)
-        raise AssertionError(f"request {request_id} never finished: {status}")
+        return await until_done(self.http, request_id)
 
     async def online(self, name: str) -> None:
         """Wait for the worker's first pop (a /v1 request for a model nobody serves is a 404)."""
