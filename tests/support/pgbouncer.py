@@ -34,6 +34,8 @@ import pytest
 from sqlalchemy.engine import make_url
 
 from tests.support.postgres import _as_user_prefix
+from tests.support.required import required
+from tests.support.required import skip_or_fail as required_or_skipped
 
 ENV_REQUIRE = "HORDE_LITE_REQUIRE_PGBOUNCER"
 SEARCHED = ("/usr/sbin/pgbouncer", "/usr/local/sbin/pgbouncer", "/usr/bin/pgbouncer")
@@ -45,14 +47,12 @@ MAX_CLIENT_CONN = 1000
 
 
 def require_pgbouncer() -> bool:
-    return os.environ.get(ENV_REQUIRE, "").strip().lower() in {"1", "true", "yes"}
+    return required(ENV_REQUIRE)
 
 
 def skip_or_fail(reason: str) -> NoReturn:
     """Skip the test for want of `reason`; fail it instead when PgBouncer's tests are required."""
-    if require_pgbouncer():
-        pytest.fail(f"required ({ENV_REQUIRE}) but missing: {reason}")
-    pytest.skip(reason)
+    required_or_skipped(ENV_REQUIRE, reason)
 
 
 def find_pgbouncer() -> str | None:

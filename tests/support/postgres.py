@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 import asyncpg
 from sqlalchemy.engine import URL, make_url
 
+from tests.support.required import required
+
 ENV_URL = "HORDE_LITE_TEST_POSTGRES_URL"
 ENV_REQUIRE = "HORDE_LITE_REQUIRE_POSTGRES"
 ENV_THROWAWAY = "HORDE_LITE_TEST_POSTGRES_THROWAWAY"
@@ -67,7 +69,7 @@ class PostgresTarget:
 
 def require_postgres() -> bool:
     """True when the environment demands PostgreSQL tests (CI): a missing server is then a failure."""
-    return os.environ.get(ENV_REQUIRE, "").strip().lower() in {"1", "true", "yes"}
+    return required(ENV_REQUIRE)
 
 
 def _as_async_url(raw: str) -> URL:
