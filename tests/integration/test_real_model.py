@@ -35,7 +35,13 @@ from tests.conftest import make_settings
 from tests.support.cli import query
 from tests.support.model_server import ModelServer
 from tests.support.sdk_client import sdk_text
-from tests.support.worker_rig import PATIENCE, request_status, served_horde, until_done
+from tests.support.worker_rig import (
+    PATIENCE,
+    leave_after_first_content,
+    request_status,
+    served_horde,
+    until_done,
+)
 
 pytestmark = pytest.mark.real_model
 
@@ -283,12 +289,7 @@ async def test_a_client_that_leaves_mid_stream_cancels_and_the_worker_is_paid_fo
     asked: dict[str, Any] = {"model": stack.model.model, "messages": STORY, "max_tokens": 512, **GREEDY}
     stream = await stack.openai().chat.completions.create(**asked, stream=True)
     request_id = stream.response.headers["x-horde-request-id"]
-    seen = ""
-    async for chunk in stream:
-        seen += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-        if seen:
-            break
-    await stream.close()
+    seen = await leave_after_first_content(stream)
     status = await stack.until_done(request_id)
     [generation] = status["generations"]
     assert generation["state"] == "ok"

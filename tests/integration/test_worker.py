@@ -28,7 +28,17 @@ from tests.support.fake_backend import (
     Served,
     free_port,
 )
-from tests.support.worker_rig import MODEL, PATIENCE, Rig, rig, running, served_horde, sqlite_rig, until
+from tests.support.worker_rig import (
+    MODEL,
+    PATIENCE,
+    Rig,
+    leave_after_first_content,
+    rig,
+    running,
+    served_horde,
+    sqlite_rig,
+    until,
+)
 
 FULL = "".join(TOKENS)
 WEATHER = {
@@ -173,12 +183,7 @@ async def test_cancel_closes_the_backend_stream_and_submits_what_was_made(lite: 
             model=MODEL, messages=[{"role": "user", "content": "hold"}], stream=True
         )
         request_id = stream.response.headers["x-horde-request-id"]
-        seen = ""
-        async for chunk in stream:
-            seen += (chunk.choices[0].delta.content or "") if chunk.choices else ""
-            if seen:
-                break
-        await stream.close()  # the client goes away: the horde cancels the request
+        seen = await leave_after_first_content(stream)  # the horde cancels the request
         lite.backend.release()  # more output comes; its progress post is answered cancel: true
         status = await lite.until_done(request_id)
         await until(lambda: lite.backend.closed_early > 0)

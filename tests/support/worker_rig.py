@@ -48,6 +48,18 @@ async def until_done(
     return status
 
 
+async def leave_after_first_content(stream: Any) -> str:
+    """Read an openai chat stream until its first content, then close it: a client that leaves
+    mid-stream. Returns what it saw."""
+    seen = ""
+    async for chunk in stream:
+        seen += (chunk.choices[0].delta.content or "") if chunk.choices else ""
+        if seen:
+            break
+    await stream.close()
+    return seen
+
+
 @dataclass
 class Rig:
     horde_url: str
