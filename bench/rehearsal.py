@@ -308,6 +308,7 @@ async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
             proxy.stop()
         for server in servers:
             server.stop()
+        keep_logs(workdir, {"pgbouncer.log": bouncer.log, "postgresql.log": Path(pg.log)})
         await asyncio.to_thread(bouncer.stop)
         await asyncio.to_thread(pg.stop)
 
@@ -325,6 +326,14 @@ async def rehearse(args: argparse.Namespace, workdir: Path) -> int:
     print(f"drain                 {'settled' if settled_at else 'NOT settled'} in {drained_in:.1f} s")
     print_database(report)
     return print_verdict(failures)
+
+
+def keep_logs(workdir: Path, logs: dict[str, Path]) -> None:
+    """Copy PgBouncer's and PostgreSQL's logs into the work directory, which a failed run keeps:
+    their own temp directories go with them."""
+    for name, path in logs.items():
+        if path.exists():
+            shutil.copyfile(path, workdir / name)
 
 
 def start_cli_workers(
@@ -421,7 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         return rc
     finally:
         if args.keep or rc != 0:  # a failed run keeps its logs
-            print(f"rehearsal: kept {workdir} (host, HAProxy and worker logs)")
+            print(f"rehearsal: kept {workdir} (host, HAProxy, worker, PgBouncer and PostgreSQL logs)")
         else:
             shutil.rmtree(workdir, ignore_errors=True)
 

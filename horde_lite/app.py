@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 
+import msgspec
 from litestar import Litestar
 from litestar.config.cors import CORSConfig
 
@@ -15,7 +16,7 @@ from horde_lite.api.allow import AllowEveryMethod
 from horde_lite.api.logfilter import logging_config
 from horde_lite.api.openapi import ErrorResponsesPlugin, docs_routes, openapi_config
 from horde_lite.api.operator import ROUTES as operator_routes
-from horde_lite.api.ratelimit import RateLimits
+from horde_lite.api.ratelimit import RateLimits, store_kind
 from horde_lite.clock import Clock
 from horde_lite.core_plugin import HordeLitePlugin
 from horde_lite.dashboard.routes import DashboardPlugin
@@ -33,6 +34,13 @@ def cors_config(http: HttpSettings) -> CORSConfig | None:
         return None
     origins = list(http.cors_origins)
     return CORSConfig(allow_origins=origins, allow_headers=["*"], expose_headers=EXPOSED_HEADERS)
+
+
+def built_from(settings: Settings) -> bytes:
+    """The part of `settings` that `create_app` builds into the app itself (the rate limits'
+    middleware and where they count, CORS); the plugin reads the rest at each start-up
+    (`HordeLitePlugin.serve`). Two settings with the same value here can share one app."""
+    return msgspec.json.encode([settings.ratelimit, store_kind(settings), settings.http])
 
 
 def create_app(

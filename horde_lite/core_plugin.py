@@ -49,10 +49,17 @@ DRAIN_SECONDS = 10.0
 
 class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
     def __init__(self, settings: Settings, clock: Clock | None = None, *, run_sweeper: bool = True) -> None:
+        self.run_sweeper = run_sweeper
+        self.serve(settings, clock)
+
+    def serve(self, settings: Settings, clock: Clock | None = None) -> None:
+        """What the app's next start-up serves: `settings`' database, policies and options, on
+        `clock`. The app itself keeps what `create_app` built from the settings it was given (the
+        rate limits' middleware, CORS), so a process that starts one app on several databases in
+        turn (the test suite) changes only settings that agree on those."""
         self.settings = settings
         self.clock = clock or Clock()
-        self.run_sweeper = run_sweeper
-        # Fail at start-up (and in the factory) on a policy name or option that cannot load.
+        # Fail here (in the factory) on a policy name or option that cannot load, not at start-up.
         self.policies = load_policies(settings.policies)
 
     def on_app_init(self, app_config: AppConfig) -> AppConfig:

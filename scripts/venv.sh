@@ -7,6 +7,12 @@
 
 TICK_SECONDS=${HORDE_LITE_INSTALL_TICK:-5}
 
+# Python keeps what it compiled (and pytest its rewritten test modules) under .venv/pycache, even
+# where the environment asks it to write no bytecode: without it every process (each test worker,
+# each server and CLI a test starts) compiles every module again, seconds each time.
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/pycache"
+
 _say() { echo "scripts/$1: $2" >&2; }
 
 ensure_venv() {

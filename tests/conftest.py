@@ -25,12 +25,13 @@ from litestar import Litestar
 from litestar.testing import AsyncTestClient
 from sqlalchemy.engine import make_url
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.core.context import Horde
-from horde_lite.db import migrate
+from horde_lite.db import migrate, statistics
+from horde_lite.db.engine import make_engine
 from horde_lite.db.models import Base
 from horde_lite.settings import Settings
+from tests.support.apps import app_for
 from tests.support.horde import HordeClient
 from tests.support.model_server import model_server  # noqa: F401 (the session's model server)
 from tests.support.postgres import PostgresTarget, require_postgres, resolve_postgres
@@ -182,8 +183,18 @@ def pg_url() -> str:
 @pytest.fixture(scope="session")
 def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.mktemp("sqlite-template") / "template.db"
-    migrate.upgrade(f"sqlite+aiosqlite:///{path}")
+    url = f"sqlite+aiosqlite:///{path}"
+    migrate.upgrade(url)
+    asyncio.run(_analyzed(url))  # as a served file is, so no test's start-up analyzes its copy
     return path
+
+
+async def _analyzed(url: str) -> None:
+    engine = make_engine(url, null_pool=True)
+    try:
+        await statistics.at_start(engine)
+    finally:
+        await engine.dispose()
 
 
 async def truncate_pg(url: str) -> None:
@@ -259,7 +270,7 @@ def settings(db_url: str) -> Settings:
 
 @pytest.fixture
 def app(settings: Settings, clock: ManualClock) -> Litestar:
-    return create_app(settings, clock, run_sweeper=False)
+    return app_for(settings, clock)
 
 
 @pytest.fixture

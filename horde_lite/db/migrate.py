@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Iterator
 from pathlib import Path
@@ -48,9 +49,11 @@ def revision(url: str, message: str) -> None:
     _commands(url, False).revision(message=message, autogenerate=True)
 
 
-def heads() -> set[str]:
-    """The code's newest revisions (one, while the history stays linear)."""
-    return set(ScriptDirectory(str(MIGRATIONS)).get_heads())
+@functools.cache
+def heads() -> frozenset[str]:
+    """The code's newest revisions (one, while the history stays linear). Alembic compiles every
+    migration script to find them, and they are the installed code's, so a process asks once."""
+    return frozenset(ScriptDirectory(str(MIGRATIONS)).get_heads())
 
 
 async def current(url: str, *, pgbouncer: bool = False) -> str | None:

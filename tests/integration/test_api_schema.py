@@ -25,10 +25,10 @@ from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from horde_lite import __version__
 from horde_lite.accounts.users import create_user
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 # Routes that are not the API: the docs pages, their assets, the schema itself and /metrics.
@@ -233,7 +233,7 @@ def test_schemathesis_finds_no_5xx_and_no_answer_outside_the_schema(db_url: str)
         # A /v1 call with no worker gives up after this instead of waiting.
         chat={"grace_seconds": 0.05, "max_queue_wait_seconds": 0.2},
     )
-    app = create_app(settings, ManualClock(), run_sweeper=False)
+    app = app_for(settings, ManualClock())
     failures: list[str] = []
     with TestClient(app, timeout=30) as http:
         schema = schemathesis.openapi.from_dict(http.get("/api/swagger.json").json())

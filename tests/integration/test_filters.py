@@ -11,6 +11,7 @@ import pytest
 from sqlalchemy import text
 
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 BAD_WORD = r"\bforbidden\s+word\b"
@@ -213,9 +214,7 @@ async def test_hostile_queries_are_refused(client: HordeClient) -> None:
 async def test_the_horde_holds_at_most_max_filters(db_url: str, clock: Any) -> None:
     from litestar.testing import AsyncTestClient
 
-    from horde_lite.app import create_app
-
-    app = create_app(make_settings(db_url, filters={"max_filters": 2}), clock, run_sweeper=False)
+    app = app_for(make_settings(db_url, filters={"max_filters": 2}), clock)
     async with AsyncTestClient(app=app, timeout=30) as http:
         client = HordeClient(http, app.state.horde)
         mod = await client.user("mod", moderator=True)

@@ -21,6 +21,7 @@ from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.filters.store import regex_hash
 from tests.conftest import make_settings, truncate_pg
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.pgbouncer import find_pgbouncer, skip_or_fail, start_pgbouncer
 from tests.support.statements import statements_sent
@@ -180,7 +181,7 @@ async def test_a_catastrophic_match_is_cut_off_and_refuses(
 
 async def test_one_requests_matching_is_bounded_as_a_whole(db_url: str, clock: ManualClock) -> None:
     settings = make_settings(db_url, filters={"match_seconds": 0.000001, "admission_seconds": 0.000001})
-    app = create_app(settings, clock, run_sweeper=False)
+    app = app_for(settings, clock)
     async with AsyncTestClient(app=app, timeout=30) as http:
         client = HordeClient(http, app.state.horde)
         mod = await client.user("mod", moderator=True)
@@ -231,7 +232,7 @@ async def test_a_lost_database_keeps_the_copy_and_logs_one_line(
     await truncate_pg(pg_url)
     with start_pgbouncer(pg_url) as pooler:
         settings = make_settings(pooler.url, database={"pgbouncer": True}, ratelimit={"store": "memory"})
-        app = create_app(settings, clock, run_sweeper=False)
+        app = app_for(settings, clock)
         async with AsyncTestClient(app=app, timeout=30) as http:
             client = HordeClient(http, app.state.horde)
             mod = await client.user("mod", moderator=True)

@@ -16,13 +16,13 @@ from sqlalchemy import func, select, text
 
 from horde_lite import cli
 from horde_lite.accounts.users import create_user, display_name
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import HordeModeChange, KudosEvent, TextRequest, User, Worker
 from horde_lite.operators import horde_modes
 from horde_lite.settings import Settings
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.cli import point_settings_at, query
 from tests.support.horde import ANON, HordeClient
 
@@ -299,9 +299,7 @@ async def test_a_switch_made_elsewhere_reaches_the_process_at_its_poll(
 
 
 async def test_the_watcher_applies_a_switch_within_reload_seconds(db_url: str) -> None:
-    app = create_app(
-        make_settings(db_url, policies={"reload_seconds": 0.05}), ManualClock(), run_sweeper=False
-    )
+    app = app_for(make_settings(db_url, policies={"reload_seconds": 0.05}), ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         horde = app.state.horde
         engine = make_engine(db_url, null_pool=True)

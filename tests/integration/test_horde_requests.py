@@ -12,9 +12,9 @@ from typing import Any
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.horde import quote as quote_of
 
@@ -26,7 +26,7 @@ STATUS_FIELDS = {
 
 @asynccontextmanager
 async def custom_client(db_url: str, **tables: dict[str, object]) -> AsyncIterator[HordeClient]:
-    app = create_app(make_settings(db_url, **tables), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url, **tables), ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

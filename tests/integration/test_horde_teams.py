@@ -20,10 +20,10 @@ from horde_sdk.ai_horde_api.apimodels import (
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
 from tests.integration.test_horde_jobs import concurrently
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 MISSING = "00000000-0000-4000-8000-000000000000"
@@ -194,7 +194,7 @@ async def test_names_are_compared_like_worker_names(client: HordeClient) -> None
 @pytest.fixture
 async def limited(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]:
     """The horde with `[teams] max_per_user` 2."""
-    app = create_app(make_settings(db_url, teams={"max_per_user": 2}), clock, run_sweeper=False)
+    app = app_for(make_settings(db_url, teams={"max_per_user": 2}), clock)
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

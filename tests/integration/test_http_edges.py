@@ -29,6 +29,7 @@ from horde_lite.core.context import Horde
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.demo.server import make_users
 from tests.conftest import is_postgres, make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import raw_request, served
 
@@ -116,7 +117,7 @@ async def test_method_not_allowed_names_the_allowed_methods(client: HordeClient)
 
 async def test_rate_limits_per_key_and_address_in_each_face(db_url: str) -> None:
     settings = make_settings(db_url, ratelimit={"create_per_minute": 2, "status_per_minute": 3})
-    app = create_app(settings, ManualClock(), run_sweeper=False)
+    app = app_for(settings, ManualClock())
     async with app_client(app) as client:
         key = await client.user("alice", kudos=1000)
         other = await client.user("bob", kudos=1000)
@@ -154,7 +155,7 @@ async def test_zero_turns_a_limit_off(db_url: str) -> None:
     off = {"create_per_minute": 0, "status_per_minute": 0, "register_per_hour": 0}
     assert RateLimits(make_settings(db_url, ratelimit=off)).middleware == []
     settings = make_settings(db_url, ratelimit={"create_per_minute": 0, "status_per_minute": 1})
-    async with app_client(create_app(settings, ManualClock(), run_sweeper=False)) as client:
+    async with app_client(app_for(settings, ManualClock())) as client:
         for _ in range(5):
             assert (await client.create(ANON, **BODY, dry_run=True)).status_code == 200
         missing = f"/api/v2/generate/text/status/{uuid.uuid4()}"
@@ -238,7 +239,7 @@ async def test_terminated_connections_never_give_a_500(db_url: str) -> None:
     if not is_postgres(db_url):
         pytest.skip("PostgreSQL only: terminates the app's server connections")
     # A pooled engine, as in production (the test settings use none).
-    app = create_app(make_settings(db_url, database={"null_pool": False}), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url, database={"null_pool": False}), ManualClock())
     url = make_url(db_url)
     async with app_client(app) as client:
         # Anonymous calls only: a pooled connection must stay on the app's event loop.

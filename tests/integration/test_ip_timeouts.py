@@ -20,11 +20,11 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import func, insert, select
 from uvicorn.middleware.proxy_headers import ProxyHeadersMiddleware
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import IpTimeout, TextRequest, Worker
 from horde_lite.operators.ip_timeouts import MOST_LIVE
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.statements import statements_sent
 
@@ -43,7 +43,7 @@ async def behind_a_proxy(app: Litestar) -> AsyncIterator[HordeClient]:
 
 
 def make_app(db_url: str, clock: ManualClock | None = None, **tables: dict[str, object]) -> Litestar:
-    return create_app(make_settings(db_url, **tables), clock or ManualClock(), run_sweeper=False)
+    return app_for(make_settings(db_url, **tables), clock or ManualClock())
 
 
 @pytest.fixture

@@ -15,9 +15,9 @@ from horde_sdk.ai_horde_api.apimodels import UserDetailsResponse
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 # 2031-01-31 23:00:00 UTC: an hour before both a day and a month end.
@@ -331,7 +331,7 @@ async def test_only_a_moderator_sets_limits(client: HordeClient) -> None:
 @pytest.fixture
 async def defaults(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]:
     settings = make_settings(db_url, limits={"requests_per_minute": 1, "allowed_models": ["m-12B"]})
-    app = create_app(settings, clock, run_sweeper=False)
+    app = app_for(settings, clock)
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

@@ -13,11 +13,11 @@ import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db import change_log
 from horde_lite.queue.estimate import Estimate, estimate_request
 from tests.conftest import is_postgres, make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.invariants import copy_matches_the_database
 from tests.support.statements import Sent, statements_sent
@@ -41,7 +41,7 @@ async def _estimate(client: HordeClient, request_id: str, *, far: bool = False) 
 async def short_horizon(db_url: str) -> AsyncIterator[HordeClient]:
     """A horde whose estimate stops after 2 s of work (the allowance curve ends at 2 s)."""
     allowance = {"wait_full_seconds": 1, "wait_floor_seconds": 2, "estimate_horizon_seconds": 2}
-    app = create_app(make_settings(db_url, allowance=allowance), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url, allowance=allowance), ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 
@@ -126,7 +126,7 @@ async def test_an_estimate_reads_the_queue_from_memory(client: HordeClient) -> N
 @pytest.fixture
 async def second(db_url: str, client: HordeClient) -> AsyncIterator[HordeClient]:
     """Another server process on the same database, with its own copy (and the same clock)."""
-    app = create_app(make_settings(db_url), client.clock, run_sweeper=False)
+    app = app_for(make_settings(db_url), client.clock)
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

@@ -7,9 +7,9 @@ from litestar.routes import HTTPRoute
 from litestar.testing import AsyncTestClient
 
 from horde_lite.api.guards import moderator_guard
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 # The dashboard's sign-in and sign-out and its static files are open: they are how one gets in.
@@ -17,7 +17,7 @@ OPEN = {"/dashboard/login", "/dashboard/logout"}
 
 
 def test_every_operator_route_carries_the_guard(db_url: str) -> None:
-    app = create_app(make_settings(db_url), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url), ManualClock())
     guarded: set[str] = set()
     for route in app.routes:
         operator_paths = (
@@ -92,9 +92,7 @@ async def test_each_route_answers_the_turned_away_as_before(client: HordeClient)
 
 
 async def test_open_operator_pages_open_every_guarded_route(db_url: str) -> None:
-    opened = create_app(
-        make_settings(db_url, http={"open_operator_pages": True}), ManualClock(), run_sweeper=False
-    )
+    opened = app_for(make_settings(db_url, http={"open_operator_pages": True}), ManualClock())
     async with AsyncTestClient(app=opened, timeout=30) as http:
         for path in ("/operator/policies", "/dashboard", "/dashboard/panels/fleet"):
             assert (await http.get(path)).status_code == 200, path

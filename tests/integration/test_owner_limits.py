@@ -14,10 +14,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
 from tests.integration.test_horde_jobs import concurrently
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 RULE = {"owner_failure_limit": 3, "owner_failure_window_seconds": 600, "owner_failure_cooldown_seconds": 600}
@@ -29,7 +29,7 @@ async def limited(db_url: str, clock: ManualClock) -> AsyncIterator[HordeClient]
     """The horde with the owner failure rule and the per-user limits on (the suite's defaults turn
     them off)."""
     settings = make_settings(db_url, worker={**RULE, **LIMITS}, sharedkeys=LIMITS)
-    app = create_app(settings, clock, run_sweeper=False)
+    app = app_for(settings, clock)
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

@@ -25,13 +25,13 @@ from sqlalchemy import func, select
 
 from horde_lite.accounts import kudos as ledger
 from horde_lite.accounts.users import create_user
-from horde_lite.app import create_app
 from horde_lite.clock import Clock, ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
 from horde_lite.operators import policy_state
 from horde_lite.policies.registry import PolicyError
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import HordeClient
 
 MODEL = "test/legacy-7B"
@@ -238,9 +238,7 @@ async def test_operator_route_needs_a_moderator_unless_opened(client: HordeClien
     assert answer.json()["rc"] == "NotModerator"
     assert (await client.http.get("/operator/policies", headers={"apikey": "x" * 22})).status_code == 401
     assert (await client.http.get("/operator/policies", headers={"apikey": moderator})).status_code == 200
-    opened = create_app(
-        make_settings(db_url, http={"open_operator_pages": True}), ManualClock(), run_sweeper=False
-    )
+    opened = app_for(make_settings(db_url, http={"open_operator_pages": True}), ManualClock())
     async with AsyncTestClient(app=opened, timeout=30) as http:
         answer = await http.get("/operator/policies")
         assert answer.status_code == 200
@@ -252,7 +250,7 @@ async def test_at_start_up_the_database_wins_over_the_settings_and_says_how_to_s
 ) -> None:
     await policy_state.switch(client.horde, "speed_gate", "enforce_all", {}, "cli")
     other = make_settings(db_url, policies={"speed_gate": "off", "reload_seconds": 3600})
-    app = create_app(other, ManualClock(), run_sweeper=False)
+    app = app_for(other, ManualClock())
     # On the logger itself: starting an app reconfigures the root logger's handlers (caplog's).
     with recorded("horde_lite.policies") as records:
         async with AsyncTestClient(app=app, timeout=30):

@@ -16,10 +16,10 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
 from horde_lite.accounts.users import hash_key
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from tests.conftest import make_settings
 from tests.integration.test_horde_jobs import _post_blocking
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 REGISTER = "/api/v2/register"
@@ -31,7 +31,7 @@ ROTATE = "/api/v2/find_user/rotate_key"
 async def horde_in(db_url: str, mode: str, **tables: dict[str, object]) -> AsyncIterator[HordeClient]:
     """The app with `[accounts] registration = mode` (no registration limit unless `tables` sets one)."""
     tables = {"ratelimit": {"register_per_hour": 0}, **tables, "accounts": {"registration": mode}}
-    app = create_app(make_settings(db_url, **tables), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url, **tables), ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

@@ -15,7 +15,6 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.core.notify import JobsArrived
 from horde_lite.db.models import Generation, Worker
@@ -24,6 +23,7 @@ from horde_lite.jobs.pop_waiters import MARGIN
 from horde_lite.operators import horde_modes
 from tests.conftest import is_postgres, make_settings
 from tests.support import prom
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served
 from tests.support.worker_rig import MODEL, running, sqlite_rig
@@ -217,7 +217,7 @@ async def test_upstreams_pop_without_the_field_is_answered_as_before(client: Hor
 async def test_waiting_turned_off_horde_wide_answers_at_once_with_zero(db_url: str) -> None:
     from litestar.testing import AsyncTestClient
 
-    app = create_app(make_settings(db_url, pops={"wait_max_seconds": 0}), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url, pops={"wait_max_seconds": 0}), ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         client = HordeClient(http, app.state.horde)
         key = await client.user("volunteer")

@@ -15,10 +15,10 @@ import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import func, select
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import TextRequest
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.hook_receiver import hook_receiver
 from tests.support.horde import ANON, HordeClient
 from tests.support.prom import value
@@ -35,7 +35,7 @@ def horde_with(db_url: str, clock: ManualClock) -> Horde:
 
     @asynccontextmanager
     async def started(**webhooks: Any) -> AsyncIterator[HordeClient]:
-        app = create_app(make_settings(db_url, webhooks=webhooks), clock, run_sweeper=False)
+        app = app_for(make_settings(db_url, webhooks=webhooks), clock)
         async with AsyncTestClient(app=app, timeout=30) as http:
             yield HordeClient(http, app.state.horde)
 

@@ -24,6 +24,7 @@ from horde_lite.db.models import AdmissionRecord, AssignmentRecord, CandidateRec
 from horde_lite.policies.registry import PolicyError
 from horde_lite.whatif import allowance_whatif, render_allowance, render_speed_gate, speed_gate_whatif
 from tests.conftest import is_postgres, make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 HORDE_LITE = Path(sys.executable).with_name("horde-lite")
@@ -153,7 +154,7 @@ async def test_a_candidate_speed_gate_in_shadow_and_whatif_count_the_jobs_it_wou
     settings = make_settings(
         db_url, policies={"speed_gate": "prefer_capable", "candidate_speed_gate": "enforce_all"}
     )
-    app = create_app(settings, ManualClock(), run_sweeper=False)
+    app = app_for(settings, ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         client = HordeClient(http, app.state.horde)
         expected = await _mixed_fleet(client)
@@ -300,7 +301,7 @@ async def _mixed_fleet(client: HordeClient) -> dict[str, int]:
 
 async def test_a_candidate_allowance_curve_in_shadow_and_its_whatif(db_url: str) -> None:
     settings = make_settings(db_url, policies={"candidate_allowance_curve": "horde_queue"})
-    app = create_app(settings, ManualClock(), run_sweeper=False)
+    app = app_for(settings, ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         client = HordeClient(http, app.state.horde)
         rich = await client.user("rich", kudos=10_000)

@@ -27,11 +27,11 @@ import openai
 from litestar import Litestar
 from sqlalchemy import func, select
 
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.core.context import Horde
 from horde_lite.db.models import Generation, KudosHold, TextRequest
 from horde_lite.settings import Settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 BASE = "http://testserver.local"
@@ -245,7 +245,7 @@ class Chat:
 
 @asynccontextmanager
 async def open_chat(settings: Settings, clock: ManualClock) -> AsyncIterator[Chat]:
-    app = create_app(settings, clock, run_sweeper=False)
+    app = app_for(settings, clock)
     ready, stop = asyncio.Event(), asyncio.Event()
 
     async def lifespan() -> None:  # entered and exited in one task, as anyio's cancel scopes need

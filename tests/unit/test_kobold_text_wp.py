@@ -21,7 +21,6 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import select
 
 from horde_lite.accounts.users import authenticate
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import AdmissionRecord, KudosHold, TextRequest
@@ -35,6 +34,7 @@ from horde_lite_policies.allowance_horde_queue import HordeQueue
 from horde_lite_policies.allowance_jobs_per_thread import JobsPerThread
 from tests.conftest import make_settings
 from tests.support import prom
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient, quote
 from tests.support.horde import quote as price_of
 
@@ -51,7 +51,7 @@ QUEUE_WAIT = "horde_text_queue_wait_seconds"
 @asynccontextmanager
 async def custom_client(db_url: str, **tables: dict[str, Any]) -> AsyncIterator[HordeClient]:
     """The real app with settings of our own (configured thresholds, another curve policy)."""
-    app = create_app(make_settings(db_url, **tables), ManualClock(), run_sweeper=False)
+    app = app_for(make_settings(db_url, **tables), ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

@@ -32,6 +32,7 @@ from horde_lite.policies.registry import PolicyError, installed, listing, load_p
 from horde_lite.settings import PoliciesSettings, load_settings
 from horde_lite.testing.speed_gate_contract import check_speed_gate, speed_gate_contract
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import HordeClient
 
 PROJECT = Path(horde_lite.__file__).resolve().parent.parent
@@ -352,7 +353,7 @@ async def third_party_client(
     settings = make_settings(
         db_url, policies={"speed_gate": third_party.gate, "options": {"speed_gate": {"refuse": refuse}}}
     )
-    app = create_app(settings, ManualClock(), run_sweeper=False)
+    app = app_for(settings, ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

@@ -22,7 +22,6 @@ from litestar.testing import AsyncTestClient
 from sqlalchemy import bindparam, delete, literal, select
 
 from horde_lite.accounts.workers import capacity_for, worker_name_key
-from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
 from horde_lite.db.sqltypes import (
@@ -43,6 +42,7 @@ from horde_lite.queue.eligibility import (
 )
 from horde_lite.queue.estimate import Estimate, estimate_request
 from tests.conftest import make_settings
+from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 
 MODEL = "Rocinante-X-12B-v1"
@@ -58,7 +58,7 @@ async def client(db_url: str) -> AsyncIterator[HordeClient]:
     """The app, with a wait estimate that counts the whole queue ahead (its horizon is past anything
     these tests queue): the readers must agree on exact figures, not on where a walk stopped."""
     settings = make_settings(db_url, allowance={"estimate_horizon_seconds": 10**9})
-    app = create_app(settings, ManualClock(), run_sweeper=False)
+    app = app_for(settings, ManualClock())
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 
