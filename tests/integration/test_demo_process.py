@@ -77,6 +77,7 @@ def test_the_demo_explains_its_decisions_in_80_columns(db_url: str, tmp_path: Pa
     assert "last answer (" in out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("url", "said"),
     [("http://127.0.0.1:9/v1", "does not answer"), ("127.0.0.1:9/v1", "cannot be read")],

@@ -6,11 +6,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+import pytest
+
 from bench.raw_http import RawConnection
 from bench.soak_servers import LOOPBACK
 from tests.support.server import served
 
 
+@pytest.mark.slow
 async def test_calls_share_one_connection_and_read_json_answers(
     sqlite_template: Path, tmp_path: Path
 ) -> None:

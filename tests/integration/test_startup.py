@@ -75,6 +75,7 @@ def default_db(tmp_path: Path) -> Path:
 # --- configuration ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unknown_key_in_the_settings_file(tmp_path: Path) -> None:
     (tmp_path / "litestar.toml").write_text("[database]\nurll = 'sqlite+aiosqlite:///x.db'\n")
     message = refused(start(tmp_path, clean_env(tmp_path), *run_args(free_port())))
@@ -85,6 +86,7 @@ def test_an_unknown_key_in_the_settings_file(tmp_path: Path) -> None:
     assert not default_db(tmp_path).exists()
 
 
+@pytest.mark.slow
 def test_a_bad_variable_is_blamed_on_the_variable(tmp_path: Path) -> None:
     env = clean_env(tmp_path, HORDE_LITE_LEASE__BASE_SECONDS="soon")
     message = refused(start(tmp_path, env, *run_args(free_port())))
@@ -94,6 +96,7 @@ def test_a_bad_variable_is_blamed_on_the_variable(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.slow
 def test_postgres_scheme_gets_the_driver_hint(tmp_path: Path) -> None:
     env = clean_env(tmp_path, HORDE_LITE_DATABASE__URL="postgres://horde:s3cret@127.0.0.1:5432/horde")
     message = refused(start(tmp_path, env, *run_args(free_port())))

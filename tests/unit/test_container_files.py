@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from bench.soak_servers import free_port
@@ -154,6 +155,7 @@ def _run(command: list[str], url: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=30)
 
 
+@pytest.mark.slow
 def test_the_health_check_passes_on_a_serving_horde_and_fails_on_a_closed_port(
     db_url: str, tmp_path: Path
 ) -> None:
