@@ -80,12 +80,15 @@ def _answers(port: int) -> bool:
 class Bouncer:
     """PgBouncer (transaction mode) in front of `server_url`'s server. `pool_size`: its server
     connections per database; `login_retry`: seconds before it logs in again after a failed login
-    (a server restarting), None for PgBouncer's default (15); `ignore_startup`: startup parameters
-    it accepts and drops beyond `extra_float_digits` (asyncpg sends it)."""
+    (a server restarting), None for PgBouncer's default (15); `connect_timeout`: seconds it gives a
+    server connection attempt, None for its default (15), during which it starts no other;
+    `ignore_startup`: startup parameters it accepts and drops beyond `extra_float_digits` (asyncpg
+    sends it)."""
 
     server_url: str
     pool_size: int = POOL_SIZE
     login_retry: int | None = None
+    connect_timeout: int | None = None
     ignore_startup: tuple[str, ...] = ()
     port: int = field(default_factory=_free_port)
     root: Path = field(init=False)
@@ -123,6 +126,8 @@ class Bouncer:
     def config(self) -> str:
         server = make_url(self.server_url)
         retry = [] if self.login_retry is None else [f"server_login_retry = {self.login_retry}"]
+        if self.connect_timeout is not None:
+            retry.append(f"server_connect_timeout = {self.connect_timeout}")
         return "\n".join([
             "[databases]",
             f"* = host={server.host or '127.0.0.1'} port={server.port or 5432}",
