@@ -7,11 +7,11 @@
 
 TICK_SECONDS=${HORDE_LITE_INSTALL_TICK:-5}
 
-# Python keeps what it compiled (and pytest its rewritten test modules) under .venv/pycache, even
-# where the environment asks it to write no bytecode: without it every process (each test worker,
-# each server and CLI a test starts) compiles every module again, seconds each time.
+# Python keeps what it compiles (and pytest its rewritten test modules) in __pycache__ beside the
+# sources (git ignores them), even where the environment asks it to write no bytecode: without it
+# every process (each test worker, each server and CLI a test starts) compiles the project and the
+# tests again, seconds each time. pip compiles the installed packages into .venv either way.
 unset PYTHONDONTWRITEBYTECODE
-export PYTHONPYCACHEPREFIX="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/.venv/pycache"
 
 _say() { echo "scripts/$1: $2" >&2; }
 
