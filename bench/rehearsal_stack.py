@@ -53,9 +53,8 @@ def missing_binaries() -> list[str]:
 def pgbouncer_for(postgres: ThrowawayServer) -> Bouncer:
     """PgBouncer in front of `postgres` (not started), set as docs/reference/operators.md advises:
     after a failed login (the server restarting) it tries again in a second, not PgBouncer's
-    default 15, and a connection attempt that hangs is dropped after 3 s, not 15 (PgBouncer makes
-    one attempt at a time, so a hung one holds back every new server connection)."""
-    return Bouncer(postgres.url(), pool_size=PGBOUNCER_POOL, login_retry=1, connect_timeout=3)
+    default 15."""
+    return Bouncer(postgres.url(), pool_size=PGBOUNCER_POOL, login_retry=1)
 
 
 def _tail(path: Path) -> str:

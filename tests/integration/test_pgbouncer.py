@@ -268,3 +268,30 @@ def test_the_listener_connects_where_the_settings_say(
     import msgspec
 
     assert msgspec.convert({"database": database}, Settings).database.listener_url == listener
+
+
+# --- the pooler the tests and the rehearsal start ----------------------------------------------------
+
+
+async def test_a_pooler_that_has_logged_more_than_a_pipe_holds_still_answers(pg_url: str) -> None:
+    """PgBouncer in the foreground writes each log line to its console too: started with a pipe
+    nobody read, it froze once 64 KiB were written (a database restart logs hundreds of lines), and
+    every host behind it hung. Its console is a file now."""
+    with start_pgbouncer(pg_url) as pooler:
+        target = make_url(pooler.url)
+
+        async def connect() -> asyncpg.Connection:
+            return await asyncpg.connect(
+                host=target.host, port=target.port, user=target.username, database=target.database,
+                timeout=5, statement_cache_size=0,
+            )  # fmt: skip
+
+        for _ in range(400):  # a login and a close: two log lines, about 250 bytes
+            await (await connect()).close()
+        assert len(pooler.log_text()) > 2 * 64 * 1024
+        assert pooler.console.stat().st_size > 64 * 1024
+        conn = await connect()
+        try:
+            assert await asyncio.wait_for(conn.fetchval("SELECT 1"), 5) == 1
+        finally:
+            await conn.close()

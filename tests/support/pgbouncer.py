@@ -80,15 +80,12 @@ def _answers(port: int) -> bool:
 class Bouncer:
     """PgBouncer (transaction mode) in front of `server_url`'s server. `pool_size`: its server
     connections per database; `login_retry`: seconds before it logs in again after a failed login
-    (a server restarting), None for PgBouncer's default (15); `connect_timeout`: seconds it gives a
-    server connection attempt, None for its default (15), during which it starts no other;
-    `ignore_startup`: startup parameters it accepts and drops beyond `extra_float_digits` (asyncpg
-    sends it)."""
+    (a server restarting), None for PgBouncer's default (15); `ignore_startup`: startup parameters
+    it accepts and drops beyond `extra_float_digits` (asyncpg sends it)."""
 
     server_url: str
     pool_size: int = POOL_SIZE
     login_retry: int | None = None
-    connect_timeout: int | None = None
     ignore_startup: tuple[str, ...] = ()
     port: int = field(default_factory=_free_port)
     root: Path = field(init=False)
@@ -113,6 +110,11 @@ class Bouncer:
     def log(self) -> Path:
         return self.root / "pgbouncer.log"
 
+    @property
+    def console(self) -> Path:
+        """What it writes to stdout and stderr (the log's lines again, and any error at start)."""
+        return self.root / "pgbouncer.out"
+
     def pid(self) -> int:
         """PgBouncer's own process (not runuser's)."""
         return int((self.root / "pgbouncer.pid").read_text().strip())
@@ -126,8 +128,6 @@ class Bouncer:
     def config(self) -> str:
         server = make_url(self.server_url)
         retry = [] if self.login_retry is None else [f"server_login_retry = {self.login_retry}"]
-        if self.connect_timeout is not None:
-            retry.append(f"server_connect_timeout = {self.connect_timeout}")
         return "\n".join([
             "[databases]",
             f"* = host={server.host or '127.0.0.1'} port={server.port or 5432}",
@@ -166,14 +166,18 @@ class Bouncer:
         if account is not None:
             for path in (self.root, self.root / "userlist.txt", self.ini):
                 os.chown(path, account.pw_uid, account.pw_gid)
-        self.process = subprocess.Popen(
-            as_user([binary, str(self.ini)]), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )  # fmt: skip
+        # Its console output goes to a file, never to a pipe: PgBouncer in the foreground writes every
+        # log line to stderr as well, and once a pipe nobody reads holds 64 KiB (a database restart
+        # logs hundreds of lines) its write blocks and the whole pooler stops answering.
+        with self.console.open("wb") as console:
+            self.process = subprocess.Popen(
+                as_user([binary, str(self.ini)]), stdout=console, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
         while not _answers(self.port):
             if self.process.poll() is not None:
-                out = self.process.stdout.read().decode(errors="replace") if self.process.stdout else ""
+                out = self.console.read_text(errors="replace")
                 raise RuntimeError(f"pgbouncer exited ({self.process.returncode}): {out} {self.log_text()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"pgbouncer not listening after {START_TIMEOUT:g} s: {self.log_text()}")
