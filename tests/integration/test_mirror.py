@@ -13,6 +13,7 @@ import pytest
 from litestar.testing import AsyncTestClient
 from sqlalchemy import text
 
+from horde_lite.app import create_app
 from horde_lite.clock import ManualClock
 from horde_lite.db import change_log
 from horde_lite.queue.estimate import Estimate, estimate_request
@@ -126,7 +127,7 @@ async def test_an_estimate_reads_the_queue_from_memory(client: HordeClient) -> N
 @pytest.fixture
 async def second(db_url: str, client: HordeClient) -> AsyncIterator[HordeClient]:
     """Another server process on the same database, with its own copy (and the same clock)."""
-    app = app_for(make_settings(db_url), client.clock)
+    app = create_app(make_settings(db_url), client.clock, run_sweeper=False)  # beside the first
     async with AsyncTestClient(app=app, timeout=30) as http:
         yield HordeClient(http, app.state.horde)
 

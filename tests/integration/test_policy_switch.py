@@ -25,6 +25,7 @@ from sqlalchemy import func, select
 
 from horde_lite.accounts import kudos as ledger
 from horde_lite.accounts.users import create_user
+from horde_lite.app import create_app
 from horde_lite.clock import Clock, ManualClock
 from horde_lite.db.engine import make_engine, make_sessionmaker
 from horde_lite.db.models import PolicyChange, PolicyState
@@ -250,7 +251,7 @@ async def test_at_start_up_the_database_wins_over_the_settings_and_says_how_to_s
 ) -> None:
     await policy_state.switch(client.horde, "speed_gate", "enforce_all", {}, "cli")
     other = make_settings(db_url, policies={"speed_gate": "off", "reload_seconds": 3600})
-    app = app_for(other, ManualClock())
+    app = create_app(other, ManualClock(), run_sweeper=False)  # a second process, beside the first
     # On the logger itself: starting an app reconfigures the root logger's handlers (caplog's).
     with recorded("horde_lite.policies") as records:
         async with AsyncTestClient(app=app, timeout=30):
