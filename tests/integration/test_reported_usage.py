@@ -240,7 +240,10 @@ async def test_usage_on_a_chat_job_is_refused_and_on_a_fault_ignored(chat: Chat)
     assert answer.usage is not None
     assert answer.usage.completion_tokens == 6
     request_id = answer.id.removeprefix("chatcmpl-")
-    faulted, served = await chat.generations(request_id)
+    # Both were popped at the same instant of the test's clock: told apart by state, not by order.
+    generations = {generation.state: generation for generation in await chat.generations(request_id)}
+    assert sorted(generations) == ["faulted", "ok"], generations
+    faulted, served = generations["faulted"], generations["ok"]
     assert (faulted.state, faulted.tokens, faulted.reward, faulted.usage, faulted.chat_result) == (
         "faulted",
         0,

@@ -221,6 +221,7 @@ class Chat:
             return row
 
     async def generations(self, request_id: str) -> list[Generation]:
+        """The request's generations by pop time; those popped at one instant of the clock in any order."""
         async with self.horde.sessionmaker() as session:
             query = (
                 select(Generation).where(Generation.request_id == request_id).order_by(Generation.popped_at)
