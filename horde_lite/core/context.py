@@ -60,6 +60,10 @@ class Horde:
     # This process's waiting pops, woken through the notifier (jobs/pop_waiters.py).
     pop_waiters: PopWaiters = field(init=False, repr=False)
 
+    # PostgreSQL's reading connections autocommit (`reading()`): one statement that may run twice
+    # can write there and commits alone. SQLite's writes take this process's turn in `transaction()`.
+    autocommit_reads: bool = field(init=False, repr=False)
+
     _turns: WriterTurns = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -77,6 +81,7 @@ class Horde:
         )
         self.notifier.on_jobs = self.pop_waiters.jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
+        self.autocommit_reads = not sqlite
 
     def rules(self, now: float) -> Rules:
         """The rules under the policies in force now (one read; a call that applies them throughout
@@ -99,8 +104,9 @@ class Horde:
     async def reading(self) -> AsyncIterator[AsyncSession]:
         """A session that only reads, outside any transaction: each statement reads one snapshot
         of its own. No BEGIN or COMMIT round trip on PostgreSQL, and on SQLite neither the write
-        lock nor this process's turn. Nothing is ever written through it (on PostgreSQL it would
-        commit at once): a reader that finds it must write goes on in `transaction()`."""
+        lock nor this process's turn. A reader that finds it must write goes on in `transaction()`;
+        the one exception is an idle pop's due check-in on PostgreSQL (`dispatch.look`), a single
+        statement that commits at once (`autocommit_reads`)."""
         async with connect_to_read(self.engine) as conn, self.sessionmaker(bind=conn) as session:
             yield session
 

@@ -254,6 +254,7 @@ class Looked:
     page: queue_index.Page
     address: str | None  # the pop's, as the worker's row keeps it (None: no IP address)
     has_messages: bool  # the worker has an unexpired message to be handed
+    skipped: dict[str, int]  # the answer's `skipped` if nothing is offered, counted with the owner
 
 
 async def pop(
@@ -413,9 +414,11 @@ async def look(
     check-in would write, and the first page of the worker's part of the queue. Most pops of a
     horde are idle workers' polls: when nothing is to be written and the page is empty, the pop is
     answered here (`Popped`), and takes neither SQLite's write lock and a writer turn nor
-    PostgreSQL's BEGIN and row lock. A page with requests (`Looked`) is judged and claimed in the
-    transaction, which walks on from it. None: the pop goes the whole way in the transaction
-    (`pop_rule.path` says when)."""
+    PostgreSQL's BEGIN and row lock. So is one whose only write is its due check-in time, on
+    PostgreSQL: that one statement commits alone on this autocommit connection. A page with
+    requests (`Looked`) is judged and claimed in the transaction, which walks on from it, as is
+    SQLite's check-in. None: the pop goes the whole way in the transaction (`pop_rule.path` says
+    when)."""
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
     address = stored_address(caller.address)
@@ -432,15 +435,18 @@ async def look(
             return None
         limits = queue_index.Limits.of(worker, in_force.rules(now))
         page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
-        if path(replace(seen, page_rows=len(page.rows))) is not PopPath.IDLE:
+        route = path(replace(seen, page_rows=len(page.rows)))
+        skipped = _skipped_answer(*divmod(int(named.extra), SKIPPED_SPLIT))
+        if route is PopPath.CLAIM or (route is PopPath.CHECK_IN and not horde.autocommit_reads):
             return Looked(
                 owner, worker, stamp=need == "time", page=page, address=address,
-                has_messages=named.has_messages,
+                has_messages=named.has_messages, skipped=skipped,
             )  # fmt: skip
+        if route is PopPath.CHECK_IN:  # one statement that commits alone; run twice, it writes the same
+            await stamp_check_in(session, worker, now, address)
         messages = await _messages(session, named.has_messages, worker, now)
         _count_pop(horde, in_force.policies, worker)  # after the last statement: a read run twice counts once
-        too_long, too_wide = divmod(int(named.extra), SKIPPED_SPLIT)
-        return Popped(offer=None, skipped=_skipped_answer(too_long, too_wide), messages=messages)
+        return Popped(offer=None, skipped=skipped, messages=messages)
 
     # Pure reads: on a connection the server has closed they run again on a checked one.
     return await horde.read_retried(read)
@@ -466,9 +472,9 @@ async def pop_job(horde: Horde, caller: Caller, body: PopInput) -> Popped:
             worker, job = await pop(session, horde, looked.owner, body, in_force=in_force, looked=looked)
         messages = await _messages(session, has_messages, worker, horde.clock.now())
         if job is None:
-            return Popped(
-                offer=None, skipped=await skipped_reasons(session, horde, worker), messages=messages
-            )
+            # The look counted `skipped` with its owner and worker; a pop without one counts here.
+            skipped = looked.skipped if looked is not None else await skipped_reasons(session, horde, worker)
+            return Popped(offer=None, skipped=skipped, messages=messages)
         request = job.request
         offer = Offer(
             ids=job.generation_ids,
