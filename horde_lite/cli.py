@@ -2,9 +2,11 @@
 
 The root group is horde_lite's own, so `--help` lists only what applies to a horde and needs no
 settings or database to show. Litestar's `run` (the server) and `routes` are added as they are:
-`run` stays the object `litestar.cli.commands.core.run_command`, and the group's lazy `ctx.obj`
-gives it the app, as Litestar's own CLI does. Every command that opens the database says which one
-on stderr (`announce_database`).
+`run` stays the object `litestar.cli.commands.core.run_command`. They read the app from the
+context's object, which Litestar's root group (`litestar.cli.litestar_group`) sets for its
+`--app` option: horde-lite's root runs that group's own callback with horde_lite's app, so the app
+is loaded only by those two commands, when they need it. Every command that opens the database
+says which one on stderr (`announce_database`).
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 import rich_click
+from litestar.cli import litestar_group
 from litestar.cli.commands.core import routes_command, run_command
 
 from horde_lite import __version__
 from horde_lite.demo.command import demo as demo_command
-from horde_lite.litestar_cli import LitestarEnv, LitestarGroup
 from horde_lite.policies.kinds import PolicyKind
 from horde_lite.settings import KUDOS_LIMIT, Settings, SettingsError, load_settings, masked
 from horde_lite.startup import StartupError, check_database, fail, guard_run
@@ -767,15 +769,7 @@ PANELS = {
 HELP_OPTIONS = {"help_option_names": ["-h", "--help"]}
 
 
-def _litestar_env() -> LitestarEnv:
-    """The app, loaded only for the commands that need it (run, routes)."""
-    try:
-        return LitestarEnv.from_env(APP)
-    except SettingsError as e:
-        raise click.ClickException(str(e)) from e
-
-
-@rich_click.group(name="horde-lite", cls=LitestarGroup, help=ROOT_HELP, context_settings=HELP_OPTIONS)
+@rich_click.group(name="horde-lite", help=ROOT_HELP, context_settings=HELP_OPTIONS)
 @rich_click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
                    help="Show horde-lite's version and exit.")  # fmt: skip
 @rich_click.rich_config(help_config={"commands_before_options": True})
@@ -783,8 +777,9 @@ def _litestar_env() -> LitestarEnv:
 @rich_click.command_panel("Tools", commands=list(PANELS["Tools"]))
 @click.pass_context
 def cli(ctx: click.Context) -> None:
-    if ctx.obj is None:
-        ctx.obj = _litestar_env  # called by Litestar's run and routes when they need the app
+    # What `litestar --app horde_lite.app:create_app` does: a loader of the app in `ctx.obj`, which
+    # Litestar's run and routes call when they need the app (whatever LITESTAR_APP says).
+    ctx.invoke(litestar_group.callback, app_path=APP, app_dir=None)  # type: ignore[arg-type]
 
 
 # Litestar's own help speaks of app discovery and the `litestar` command: say what they do here.
@@ -797,7 +792,7 @@ run_command.help = (
 )
 routes_command.short_help = routes_command.help = "List the HTTP routes the server answers."
 for _command in (guard_run(run_command), *OPERATOR_COMMANDS, routes_command, version):
-    cli.add_command(_command)  # LitestarGroup passes `app`/`ctx` to the commands that ask for them
+    cli.add_command(_command)  # Litestar's run and routes come wrapped to take the app from `ctx.obj`
 
 
 def main() -> None:
@@ -812,6 +807,9 @@ def main() -> None:
     except click.ClickException as e:
         click.echo(f"horde-lite: {e.format_message()}", err=True)
         code = e.exit_code
+    except SettingsError as e:  # met by a command that loads the app (routes; run checks them first)
+        click.echo(f"horde-lite: {e}", err=True)
+        code = 2
     except click.Abort:
         click.echo("horde-lite: aborted", err=True)
         code = 1

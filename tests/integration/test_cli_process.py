@@ -113,14 +113,6 @@ def test_routes_loads_horde_lites_app(tmp_path: Path) -> None:
     assert not (tmp_path / "r.db").exists()  # listing the routes opens no database
 
 
-def test_run_is_litestars_run_command() -> None:
-    from litestar.cli.commands.core import run_command
-
-    from horde_lite import cli
-
-    assert cli.cli.commands["run"] is run_command
-
-
 @pytest.mark.slow
 def test_negative_kudos_and_the_database_line(db_url: str, tmp_path: Path) -> None:
     env = _env(db_url)

@@ -56,7 +56,8 @@ async def test_an_idle_pop_counts_only_what_its_worker_is_too_small_for(client: 
 
 async def _check_in_of(client: HordeClient, name: str) -> tuple[float, str | None]:
     async with client.horde.sessionmaker() as session:
-        row = (await session.execute(select(Worker.last_check_in, Worker.ipaddr).where(Worker.name == name))).one()
+        query = select(Worker.last_check_in, Worker.ipaddr).where(Worker.name == name)
+        row = (await session.execute(query)).one()
         return float(row[0]), row[1]
 
 
