@@ -25,7 +25,12 @@ ensure_venv() {
         "${PYTHON:-python3}" -m venv "$venv"
     fi
     cmp -s "$repo/pyproject.toml" "$stamp" && return 0
-    _say "$who" "installing horde_lite$extras and its dependencies into .venv (first time: about a minute; log: $log)"
+    local expected="about a minute"
+    # llama-cpp-python builds llama.cpp from source the first time (pip caches the wheel afterwards).
+    if [ "$extras" = "[model]" ]; then
+        expected="about 5 minutes, llama.cpp builds from source"
+    fi
+    _say "$who" "installing horde_lite$extras and its dependencies into .venv (first time: $expected; log: $log)"
     local started=$SECONDS
     "$venv/bin/python" -m pip install --disable-pip-version-check --progress-bar off -e "$repo$extras" \
         >"$log" 2>&1 &
