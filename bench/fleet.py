@@ -49,7 +49,8 @@ POLL_SECONDS = 2.0  # upstream's workers pop about this often
 POLL_JITTER = 0.5
 WAIT_SECONDS = 20  # a waiting pop's bound
 CREATE_EVERY = (2.0, 4.0)  # seconds between two of the client's requests
-WARM_UP = 10.0  # every worker has popped (registered) before the window opens
+WARM_UP = 10.0  # seconds of the fleet's own pops before the window opens
+REGISTERING = 100  # first pops in flight at once while the workers register
 CALL_TIMEOUT = 30.0
 MARK = "fleet probe "
 
@@ -93,6 +94,7 @@ class Row:
     requests: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     load: tuple[float, float] = (0.0, 0.0)  # the machine's 1-minute load average at the window's start, end
+    registered: tuple[float, float] | None = None  # the workers' first pops: seconds, server CPU ms each
 
 
 def _pop_body(i: int, wait: int) -> dict[str, Any]:
@@ -101,6 +103,26 @@ def _pop_body(i: int, wait: int) -> dict[str, Any]:
     if wait:
         body["wait_seconds"] = wait
     return body
+
+
+async def register(conns: list[RawConnection], owners: list[str], server: Server) -> tuple[float, float]:
+    """Each worker's first pop (no wait), which creates it: a cost paid once per worker, kept out of
+    the window. Returns (seconds, server CPU ms per first pop)."""
+    assert server.process is not None
+    began, (cpu0, _) = time.monotonic(), cpu_of(set(), server.process.pid)
+    slots = asyncio.Semaphore(REGISTERING)
+
+    async def first(i: int) -> None:
+        async with slots:
+            status, answer = await conns[i].request(
+                "POST", "/api/v2/generate/text/pop", _pop_body(i, 0), {"apikey": owners[i % OWNERS]}
+            )
+        if status != 200:
+            raise SystemExit(f"fleet: worker {i}'s first pop: {status} {answer}")
+
+    await asyncio.gather(*(first(i) for i in range(len(conns))))
+    cpu1, _ = cpu_of(set(), server.process.pid)
+    return time.monotonic() - began, (cpu1 - cpu0) * 1000 / max(1, len(conns))
 
 
 async def worker(conn: RawConnection, key: str, i: int, wait: int, stop: float, w: Window,
@@ -196,6 +218,9 @@ async def run_variant(variant: str, args: argparse.Namespace, work: Path) -> Row
                 row.available = False
                 return row
             wait = WAIT_SECONDS
+        owners = keys["owners"]
+        conns = [RawConnection(LOOPBACK, server.port) for _ in range(args.workers)]
+        row.registered = await register(conns, owners, server)
         w = Window()
         rng = random.Random(args.seed)
         begin = time.monotonic()
@@ -203,9 +228,8 @@ async def run_variant(variant: str, args: argparse.Namespace, work: Path) -> Row
         w.end = w.start + args.seconds
         # After the window: the pops still waiting are answered, the last request is taken.
         stop = w.end + (WAIT_SECONDS if wait else POLL_SECONDS + POLL_JITTER + 1)
-        owners = keys["owners"]
-        tasks = [asyncio.create_task(worker(RawConnection(LOOPBACK, server.port), owners[i % OWNERS], i, wait,
-                                            stop, w, random.Random(rng.random())))
+        tasks = [asyncio.create_task(worker(conns[i], owners[i % OWNERS], i, wait, stop, w,
+                                            random.Random(rng.random())))
                  for i in range(args.workers)]  # fmt: skip
         tasks.append(asyncio.create_task(client(RawConnection(LOOPBACK, server.port), keys["registered"][0],
                                                 w.end, w, rng)))  # fmt: skip
@@ -261,6 +285,10 @@ def _num(v: float | None, digits: int = 2) -> str:
 def print_table(rows: list[Row]) -> None:
     lines = [
         ("workers", lambda r: f"{r.workers:,}"),
+        (
+            "first pops (registration, before the window): s / server CPU ms each",
+            lambda r: "-" if r.registered is None else f"{r.registered[0]:.1f} / {r.registered[1]:.2f}",
+        ),
         ("measured s", lambda r: f"{r.seconds:.0f}"),
         ("pops/s", lambda r: f"{r.pops_per_second:.1f}"),
         ("pops that got a job", lambda r: str(r.found)),
@@ -302,8 +330,8 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="horde-lite-fleet-") as tmp:
         for variant in variants:
-            print(f"fleet: {variant}, {args.workers} workers, {WARM_UP:.0f} s warm-up + {args.seconds:.0f} s "
-                  "measured", flush=True)  # fmt: skip
+            print(f"fleet: {variant}, {args.workers} workers registered, then {WARM_UP:.0f} s warm-up + "
+                  f"{args.seconds:.0f} s measured", flush=True)  # fmt: skip
             rows.append(asyncio.run(run_variant(variant, args, Path(tmp))))
     print()
     print_table(rows)
