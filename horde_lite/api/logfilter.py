@@ -8,15 +8,15 @@ in the logs (they are how an operator follows a request), so UUIDs are masked on
 
 from __future__ import annotations
 
+import atexit
 import logging
 import re
-from logging.handlers import QueueHandler
+from logging.handlers import QueueHandler, QueueListener
 from queue import SimpleQueue
 from typing import Any
 
 from litestar.logging import LoggingConfig
 from litestar.logging.config import default_handlers
-from litestar.logging.standard import LoggingQueueListener
 
 MASK = "***"
 
@@ -94,11 +94,26 @@ class SimpleQueueListenerHandler(QueueHandler):
     """Litestar's `queue_listener` handler (records formatted on the event loop, written to stderr
     by a thread of their own) on a `queue.SimpleQueue`: its `put` is one C call, where the
     `queue.Queue` Litestar's handler uses takes a Python lock and notifies a condition for every
-    record, an access-log line per request."""
+    record, an access-log line per request. Its thread ends when the handler is closed: by
+    `logging.config.dictConfig` when a later configuration replaces it (each app built in a process
+    configures logging), or at exit, the records queued before written."""
 
     def __init__(self) -> None:
         super().__init__(SimpleQueue())  # type: ignore[arg-type]
-        self.listener = LoggingQueueListener(self.queue, logging.StreamHandler())  # type: ignore[arg-type]
+        self.listener = QueueListener(self.queue, logging.StreamHandler())  # type: ignore[arg-type]
+        self.listener.start()
+        self._listening = True
+        atexit.register(self._stop)
+
+    def _stop(self) -> None:
+        if self._listening:  # QueueListener.stop may run once only
+            self._listening = False
+            self.listener.stop()
+
+    def close(self) -> None:
+        atexit.unregister(self._stop)
+        self._stop()
+        super().close()
 
 
 def logging_config(**options: Any) -> LoggingConfig:

@@ -3,10 +3,14 @@ match them; every line is masked exactly as the patterns alone would mask it."""
 
 from __future__ import annotations
 
+import logging
+import threading
+
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from horde_lite.api.logfilter import _PATTERNS, MASK, redact
+from horde_lite.api.logfilter import _PATTERNS, MASK, logging_config, redact
 
 
 def _by_the_patterns(text: str) -> str:
@@ -35,3 +39,17 @@ def test_keys_are_masked_and_plain_lines_kept() -> None:
     assert redact("apikey: 0123456789abcdef") == f"apikey: {MASK}"
     plain = '127.0.0.1:5 - "POST /api/v2/generate/text/pop HTTP/1.1" 200'
     assert redact(plain) == plain
+
+
+def test_a_replaced_configuration_ends_its_thread_and_the_new_one_writes(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    config = logging_config()
+    config.configure()
+    threads = threading.active_count()
+    for _ in range(5):  # as each app built in one process configures logging again
+        config.configure()
+    assert threading.active_count() == threads  # one listener thread, not one per configuration
+    logging.getLogger("litestar").warning("still written apikey=0123456789")
+    config.configure()  # closing the handler writes what it had queued first
+    assert "still written apikey=***" in capfd.readouterr().err
