@@ -20,15 +20,11 @@ class PopPath(StrEnum):
     WHOLE = "whole"
     # Answered from the reads: nothing to write and an empty first page. No transaction at all.
     IDLE = "idle"
-    # A transaction that writes the due check-in time (and a moved address) only: the first page is
-    # empty.
+    # An empty first page and only the due check-in time (and a moved address) to write: one
+    # statement after the reads on PostgreSQL, whose reads autocommit; a transaction on SQLite.
     CHECK_IN = "check_in"
     # A transaction that judges and claims from the page read (stamping the check-in when due).
     CLAIM = "claim"
-
-    @property
-    def in_transaction(self) -> bool:
-        return self is not PopPath.IDLE
 
 
 @dataclass(frozen=True, slots=True)

@@ -43,10 +43,8 @@ def test_the_page_is_read_only_when_the_pop_may_be_answered_from_it() -> None:
         ("time", 32, PopPath.CLAIM),
     ],
 )
-def test_an_idle_poll_opens_no_transaction(need: str, rows: int, expected: PopPath) -> None:
-    found = path(Seen(known=True, need=need, page_rows=rows))  # type: ignore[arg-type]
-    assert found is expected
-    assert found.in_transaction is (expected is not PopPath.IDLE)
+def test_an_empty_page_with_nothing_to_write_is_the_answer(need: str, rows: int, expected: PopPath) -> None:
+    assert path(Seen(known=True, need=need, page_rows=rows)) is expected  # type: ignore[arg-type]
 
 
 def test_a_paused_workers_pops_are_not_counted() -> None:
