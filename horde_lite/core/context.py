@@ -17,7 +17,7 @@ from horde_lite.clock import Clock
 from horde_lite.core.modes import MODES_OFF, HordeModes
 from horde_lite.core.notify import Notifier
 from horde_lite.core.tasks import TaskSet
-from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read, make_sessionmaker
+from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read, make_sessionmaker, reads_autocommit
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.filters.cache import FilterCache
 from horde_lite.jobs.pop_waiters import PopWaiters, changed_requests
@@ -60,10 +60,6 @@ class Horde:
     # This process's waiting pops, woken through the notifier (jobs/pop_waiters.py).
     pop_waiters: PopWaiters = field(init=False, repr=False)
 
-    # PostgreSQL's reading connections autocommit (`reading()`): one statement that may run twice
-    # can write there and commits alone. SQLite's writes take this process's turn in `transaction()`.
-    autocommit_reads: bool = field(init=False, repr=False)
-
     _turns: WriterTurns = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -81,7 +77,12 @@ class Horde:
         )
         self.notifier.on_jobs = self.pop_waiters.jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
-        self.autocommit_reads = not sqlite
+
+    @property
+    def autocommit_reads(self) -> bool:
+        """`reading()`'s connections autocommit (db/engine.py `reads_autocommit`): one statement
+        that may run twice can write there and commits alone."""
+        return reads_autocommit(self.engine)
 
     def rules(self, now: float) -> Rules:
         """The rules under the policies in force now (one read; a call that applies them throughout
@@ -152,6 +153,12 @@ class InForce:
     policies: Policies
     settings: Settings
     modes: HordeModes = MODES_OFF
+
+    @property
+    def autocommit_reads(self) -> bool:
+        """`reading()`'s connections autocommit (db/engine.py `reads_autocommit`): one statement
+        that may run twice can write there and commits alone."""
+        return reads_autocommit(self.engine)
 
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)

@@ -40,8 +40,14 @@ READ_ONLY = "horde_lite_read_only"
 _CHECKOUT_TO_READ: ContextVar[str | None] = ContextVar("horde_lite_checkout_to_read", default=None)
 
 
+def reads_autocommit(engine: AsyncEngine) -> bool:
+    """Whether a reading connection (`connect_to_read`) is in autocommit, so one statement written
+    there commits alone: PostgreSQL's. SQLite's writes take the process's turn in a transaction."""
+    return engine.dialect.name != "sqlite"
+
+
 def _reading_options(engine: AsyncEngine) -> dict[str, Any]:
-    if engine.dialect.name == "sqlite":
+    if not reads_autocommit(engine):
         return {READ_ONLY: True}
     return {READ_ONLY: True, "isolation_level": "AUTOCOMMIT"}
 
