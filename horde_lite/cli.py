@@ -808,8 +808,7 @@ def main() -> None:
         click.echo(f"horde-lite: {e.format_message()}", err=True)
         code = e.exit_code
     except SettingsError as e:  # met by a command that loads the app (routes; run checks them first)
-        click.echo(f"horde-lite: {e}", err=True)
-        code = 2
+        fail(StartupError(str(e)))
     except click.Abort:
         click.echo("horde-lite: aborted", err=True)
         code = 1
