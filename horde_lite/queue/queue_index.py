@@ -38,6 +38,7 @@ from sqlalchemy import (
     and_,
     bindparam,
     case,
+    exists,
     not_,
     or_,
     select,
@@ -65,6 +66,7 @@ from horde_lite.queue.eligibility import (
     refuses_owner,
     serves_models,
     speed_gate_admits_sql,
+    worker_speed,
 )
 
 ANY_MODEL = ""  # the entry of a request that names no model: every worker serves it
@@ -140,34 +142,64 @@ class Limits:
         )
 
 
-def _not_refused(request_id: Any) -> ColumnElement[bool]:
+# The worker's side of a walk's rules, by name: a page binds them (`_values`), the look's probe
+# reads them from the worker's row (`_row_side`), so one set of clauses serves both.
+Side = dict[str, Any]
+_SIDE_NAMES = (
+    "worker_id", "owner_id", "max_length", "max_context_length", "chat_length", "chat_context",
+    "worker_nsfw", "worker_trusted", "worker_fast", "capacity", "longest",
+)  # fmt: skip
+_BOUND: Side = {name: bindparam(name) for name in _SIDE_NAMES}
+
+
+def _row_side(w: Any, rules: Rules) -> Side:
+    """The side `Limits.of(w)` binds, as the columns of worker row `w` (the same values: the
+    Python form is `Limits.of` with `_values`)."""
+    completion, context = w.chat_max_completion_tokens, w.chat_max_context_tokens
+    chat_longer = and_(completion.is_not(None), context.is_not(None), completion > w.max_length)
+    return {
+        "worker_id": w.id,
+        "owner_id": w.owner_id,
+        "max_length": w.max_length,
+        "max_context_length": w.max_context_length,
+        "chat_length": completion,
+        "chat_context": context,
+        "worker_nsfw": w.nsfw,
+        "worker_trusted": w.trusted,
+        "worker_fast": worker_speed(w, rules) >= rules.slow_speed,
+        "capacity": w.capacity,
+        "longest": case((chat_longer, completion), else_=w.max_length),
+    }
+
+
+def _not_refused(request_id: Any, side: Side) -> ColumnElement[bool]:
     return and_(
-        not_(refuses_by_name(request_id, bindparam("worker_id"))),
-        not_(refuses_owner(request_id, bindparam("owner_id"))),
+        not_(refuses_by_name(request_id, side["worker_id"])),
+        not_(refuses_owner(request_id, side["owner_id"])),
     )
 
 
-def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool) -> ColumnElement[bool]:
-    """The lengths a worker accepts (the eligibility check's rules), its side as bound parameters
-    (`Limits` gives their values); `chat`: the worker declared chat limits."""
-    worker = {"max_length": bindparam("max_length"), "max_context_length": bindparam("max_context_length")}
+def _fits(is_chat: Any, need_length: Any, need_context: Any, chat: bool, side: Side) -> ColumnElement[bool]:
+    """The lengths a worker accepts (the eligibility check's rules), its side from `side`;
+    `chat`: the worker declared chat limits."""
+    worker = {"max_length": side["max_length"], "max_context_length": side["max_context_length"]}
     legacy = and_(not_(is_chat), legacy_lengths_admit(need_length, need_context, **worker))
     if not chat:
         return legacy
-    limits = {"completion": bindparam("chat_length"), "context": bindparam("chat_context")}
+    limits = {"completion": side["chat_length"], "context": side["chat_context"]}
     return or_(legacy, and_(is_chat, chat_lengths_admit(need_length, need_context, **limits)))
 
 
-def _chooses(r: Any) -> list[ColumnElement[bool]]:
+def _chooses(r: Any, side: Side) -> list[ColumnElement[bool]]:
     """The request's choices (`r`: a request or its entry) the worker meets (the eligibility
-    check's rule), its side as bound parameters (`Limits` gives their values)."""
-    worker = {"nsfw": bindparam("worker_nsfw"), "trusted": bindparam("worker_trusted")}
-    return choices_admit(r, **worker, fast=bindparam("worker_fast"))
+    check's rule), its side from `side`."""
+    worker = {"nsfw": side["worker_nsfw"], "trusted": side["worker_trusted"]}
+    return choices_admit(r, **worker, fast=side["worker_fast"])
 
 
-def _targets_worker(target: Any) -> ColumnElement[bool]:
+def _targets_worker(target: Any, side: Side) -> ColumnElement[bool]:
     """An entry the worker may read: one that targets no worker, or this one."""
-    return or_(target == ANY_WORKER, target == bindparam("worker_id"))
+    return or_(target == ANY_WORKER, target == side["worker_id"])
 
 
 def _after(key: Any, after: bool) -> list[ColumnElement[bool]]:
@@ -212,7 +244,7 @@ def _statement(shape: _Shape, rules: Rules | None) -> Select[Any]:
     return built
 
 
-def _gate_on_entries(e: Any, rules: Rules) -> ColumnElement[bool]:
+def _gate_on_entries(e: Any, rules: Rules, capacity: Any) -> ColumnElement[bool]:
     """The speed gate asked of an entry. The entry answers the capable-worker question exactly for
     a plain chat entry only (`capable_worker_online_for_entry`); for the rest the walk admits what
     the gate admits under either answer, leaving the full question to the claim. So the walk never
@@ -220,7 +252,7 @@ def _gate_on_entries(e: Any, rules: Rules) -> ColumnElement[bool]:
 
     def asked(capable: Any) -> ColumnElement[bool]:
         gate = GateSql(
-            is_chat=e.is_chat, max_length=e.need_length, capacity=bindparam("capacity"),
+            is_chat=e.is_chat, max_length=e.need_length, capacity=capacity,
             capable_worker_online=lambda: capable,
         )  # fmt: skip
         return rules.gate.admits_sql(gate)
@@ -230,34 +262,47 @@ def _gate_on_entries(e: Any, rules: Rules) -> ColumnElement[bool]:
     return or_(asked(capable_worker_online_for_entry(e, rules)), and_(not_(known), asked(true())))
 
 
+def _requests_where(shape: _Shape, gated: Rules | None, side: Side) -> list[ColumnElement[bool]]:
+    """A walk of the whole queue's order (`shape.models` None): the requests it reads."""
+    r = TextRequest
+    where = [r.state == "waiting", r.n_remaining > 0]
+    if shape.chat is not None:
+        need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
+        where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat, side))
+        where += _chooses(r, side)
+        where += [allow_list_admits(r, side["worker_id"]), _not_refused(r.id, side)]
+        if gated is not None:
+            where.append(speed_gate_admits_sql(r, side["capacity"], gated))
+    # The models, read from the row: else a worker serving none of the head's models would page
+    # through all of it, each row judged by the claim.
+    where.append(serves_models(bindparam("worker_models", type_=JsonList), r))
+    return where
+
+
+def _entries_where(shape: _Shape, gated: Rules | None, side: Side, e: Any) -> list[ColumnElement[bool]]:
+    """A walk by model: the entries of one model (`e.model`, the caller's) it reads."""
+    fits: list[ColumnElement[bool]] = []
+    if shape.chat is not None:
+        fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat, side)]
+        fits += [*_chooses(e, side), _targets_worker(e.target, side)]
+        fits.append(_not_refused(e.request_id, side))
+    if gated is not None:
+        fits.append(_gate_on_entries(e, gated, side["capacity"]))
+    return fits
+
+
 def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
     """`gated`: the rules (with the time as a bound parameter) whose speed gate the walk applies."""
     size = bindparam("size")
     if shape.models is None:  # the whole queue through its own index
         r = TextRequest
         key = (r.effective_start, r.created_at, r.id)
-        where = [r.state == "waiting", r.n_remaining > 0, *_after(key, shape.after)]
-        if shape.chat is not None:
-            need_context = case((r.is_chat, r.prompt_tokens + r.max_length), else_=r.max_context_length)
-            where.append(_fits(r.is_chat, r.max_length, need_context, shape.chat))
-            where += _chooses(r)
-            where += [allow_list_admits(r, bindparam("worker_id")), _not_refused(r.id)]
-            if gated is not None:
-                where.append(speed_gate_admits_sql(r, bindparam("capacity"), gated))
-        # The models, read from the row: else a worker serving none of the head's models would page
-        # through all of it, each row judged by the claim.
-        where.append(serves_models(bindparam("worker_models", type_=JsonList), r))
+        where = [*_requests_where(shape, gated, _BOUND), *_after(key, shape.after)]
         built = select(r.id.label("request_id"), r.effective_start, r.created_at).where(*where)
         return built.order_by(*key).limit(size)
     e = QueueEntry
     key = (e.effective_start, e.created_at, e.request_id)
-    fits: list[ColumnElement[bool]] = [true()]
-    if shape.chat is not None:
-        fits = [_fits(e.is_chat, e.need_length, e.need_context, shape.chat)]
-        fits += [*_chooses(e), _targets_worker(e.target)]
-        fits.append(_not_refused(e.request_id))
-    if gated is not None:
-        fits.append(_gate_on_entries(e, gated))
+    fits = _entries_where(shape, gated, _BOUND, e)
 
     def branch(i: int) -> Any:
         model = bindparam(f"walk_model_{i}")
@@ -286,6 +331,24 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
         .order_by(m.c.effective_start, m.c.created_at, m.c.request_id)
         .limit(size)
     )
+
+
+def _probe(shape: _Shape, gated: Rules, row: Any) -> ColumnElement[bool]:
+    """Whether the first page of `shape` (not after another) holds a row, for the worker whose
+    row `row` the enclosing statement reads: the rows a page's clauses admit exist, asked with no
+    order. By model, each model's entries are read through ix_queue_entries_need, up to the
+    worker's longest length (every entry the clauses admit asks for no more)."""
+    side = _row_side(row, gated)
+    if shape.models is None:
+        return exists(select(1).where(*_requests_where(shape, gated, side)).correlate(row))
+    e = QueueEntry
+    fits = _entries_where(shape, gated, side, e)
+
+    def of_model(i: int) -> ColumnElement[bool]:
+        model = e.model == bindparam(f"walk_model_{i}")
+        return exists(select(1).where(model, e.need_length <= side["longest"], *fits).correlate(row))
+
+    return or_(*(of_model(i) for i in range(shape.models)))
 
 
 def _values(
@@ -336,7 +399,7 @@ async def page(
     after: Position | None = None,
 ) -> Page:
     """The page of the walk (see `walk`) that starts after `after` (None: at the head)."""
-    walked = None if len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
+    walked = _walked(models)
     chat = None if limits is None else limits.chat
     conn = await session.connection()  # a Core statement: the ORM's result machinery only costs
     shape = _Shape(None if walked is None else len(walked), chat, after is not None)
@@ -347,6 +410,34 @@ async def page(
         seen.setdefault(row[0], row)
     last = rows[-1] if len(rows) == size else None
     return Page(list(seen.values()), None if last is None else Position(last[1], last[2], last[0]))
+
+
+def _walked(models: Sequence[str]) -> list[str] | None:
+    """The models a walk merges, the any-model entry's included; None: the whole queue's order."""
+    return None if len(set(models)) >= MANY_MODELS else sorted({*models, ANY_MODEL})
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """Whether a worker's first page holds a row, asked inside a statement that reads the
+    worker's row: the page's own statement, its worker side read from that row (`_row_side`), one
+    row long. `models` and `chat` (whether it declared chat limits) must be the row's; a row
+    that holds others gets an answer that means nothing."""
+
+    shape: _Shape
+    values: dict[str, Any]  # to execute the enclosing statement with
+
+    @classmethod
+    def of(cls, models: Sequence[str], *, chat: bool, now: float) -> Probe:
+        walked = _walked(models)
+        shape = _Shape(None if walked is None else len(walked), chat, False)
+        values = _values(models, walked, 0, None, None)
+        del values["size"]  # a probe reads no page
+        return cls(shape, {**values, "now": now})
+
+    def column(self, row: Any, rules: Rules) -> ColumnElement[bool]:
+        """`row`: the worker's row in the enclosing statement; `rules`: symbolic (`built_once`)."""
+        return _probe(self.shape, rules, row)
 
 
 async def walk(
