@@ -7,12 +7,14 @@ import math
 import re
 import unicodedata
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
-from sqlalchemy import ColumnElement, Select, bindparam, delete, select, update
+from sqlalchemy import ColumnElement, Select, bindparam, delete, inspect, select, update
 from sqlalchemy.exc import IntegrityError
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+from sqlalchemy.orm import make_transient_to_detached
 from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.accounts import flagged, owner_limits
@@ -34,6 +36,8 @@ _NAME_CHARS = re.compile(f"[{NAME_CHARACTERS}]+")
 NAME_RULE = "ASCII letters, digits, spaces and - _ . ( ) [ ] '"
 # Seconds a stored check-in may lag the worker's last pop (`check_in_is_due`).
 CHECK_IN_RESOLUTION = CHECK_IN_NOTED_JUMP / 2
+
+T = TypeVar("T")
 
 
 def _spaced(name: str) -> str:
@@ -110,21 +114,30 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
 _WORKER_BY_KEY_LOCKED = select(Worker).where(Worker.name_key == bindparam("key")).with_for_update()
 
 
-# The key's user and the named worker's row in one statement: a pop's common case, with whether the
-# worker has an unexpired message (so a pop without one reads none). Joined on the name alone: a
-# worker of another owner is found, and refused by `check_in`.
-_OWNER_AND_NAMED = (
-    select(User, Worker, any_live(Worker.id))
-    .join_from(User, Worker, Worker.name_key == bindparam("key"))
-    .where(User.api_key_hash == bindparam("digest"))
-)
-_OWNER_AND_WORKER = _OWNER_AND_NAMED.with_for_update(of=Worker)  # for the check-in that may write
+def _owner_and_named(*columns: Any) -> Select[Any]:
+    """The key's user and the named worker's row in one statement: a pop's common case, with whether
+    the worker has an unexpired message (so a pop without one reads none). Joined on the name alone:
+    a worker of another owner is found, and refused by `check_in`."""
+    return (
+        select(*columns, any_live(Worker.id))
+        .join_from(User, Worker, Worker.name_key == bindparam("key"))
+        .where(User.api_key_hash == bindparam("digest"))
+    )
 
 
-def owner_and_named_with(column: ColumnElement[Any]) -> Select[Any]:
-    """The unlocked statement of `owner_and_worker` with one more column, which may refer to the
-    worker's row (`Named.extra`); build it once and pass it as `statement`."""
-    return _OWNER_AND_NAMED.add_columns(column)
+_OWNER_AND_WORKER = _owner_and_named(User, Worker).with_for_update(of=Worker)  # for a check-in that may write
+
+
+# The look's read of the same rows as Core columns (`look_up`), in the mappers' attribute order.
+_USER_ATTRS = inspect(User).column_attrs
+_WORKER_ATTRS = inspect(Worker).column_attrs
+_OWNER_AND_NAMED_COLUMNS = _owner_and_named(*(a.columns[0] for a in (*_USER_ATTRS, *_WORKER_ATTRS)))
+
+
+def owner_and_named_with(*columns: ColumnElement[Any]) -> Select[Any]:
+    """The unlocked statement of `look_up` with more columns, which may refer to the worker's row
+    (`Named.extra`); build it once and pass it as `statement`."""
+    return _OWNER_AND_NAMED_COLUMNS.add_columns(*columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,29 +147,50 @@ class Named:
     owner: User
     worker: Worker | None  # None: no worker of that name yet (a first pop), or not looked up
     has_messages: bool  # True also when not known (the pop then reads them)
-    extra: Any = None  # the column a caller's `statement` adds (`owner_and_named_with`)
+    extra: tuple[Any, ...] = ()  # the columns a caller's `statement` adds (`owner_and_named_with`)
 
 
-async def owner_and_worker(
-    session: AsyncSession,
-    apikey: str | None,
-    name: str,
-    now: float,
-    *,
-    lock: bool = False,
-    statement: Select[Any] | None = None,
-) -> Named | None:
+async def owner_and_worker(session: AsyncSession, apikey: str | None, name: str, now: float) -> Named | None:
     """The key's user and its named worker in one statement, the worker's row locked for a
-    check-in (`lock`) or not (an idle pop's first read); None for the anonymous key or when either
-    is missing. `statement`: an unlocked read with one more column (`owner_and_named_with`)."""
+    check-in; None for the anonymous key or when either is missing."""
     if is_anonymous_key(apikey):
         return None
     values = {"digest": hash_key(apikey), "key": worker_name_key(name), "now": now}
-    chosen = statement if statement is not None else _OWNER_AND_WORKER if lock else _OWNER_AND_NAMED
-    found = (await session.execute(chosen, values)).one_or_none()
+    found = (await session.execute(_OWNER_AND_WORKER, values)).one_or_none()
     if found is None:
         return None
-    return Named(found[0], found[1], bool(found[2]), found[3] if len(found) > 3 else None)
+    return Named(found[0], found[1], bool(found[2]))
+
+
+async def look_up(
+    conn: AsyncConnection,
+    apikey: str | None,
+    name: str,
+    now: float,
+    statement: Select[Any],
+    values: dict[str, Any],
+) -> Named | None:
+    """`owner_and_worker`'s rows unlocked, read as Core rows on a connection outside any session (an idle
+    pop's one statement, whose ORM load cost more than the statement): `statement` from
+    `owner_and_named_with`, executed with `values` besides the key's and the name's. The owner and
+    the worker are detached instances, as a closed session leaves those it loaded."""
+    if is_anonymous_key(apikey):
+        return None
+    values = {**values, "digest": hash_key(apikey), "key": worker_name_key(name), "now": now}
+    row = (await conn.execute(statement, values)).one_or_none()
+    if row is None:
+        return None
+    users, workers = len(_USER_ATTRS), len(_USER_ATTRS) + len(_WORKER_ATTRS)
+    owner = _loaded(User, _USER_ATTRS, row[:users])
+    worker = _loaded(Worker, _WORKER_ATTRS, row[users:workers])
+    return Named(owner, worker, bool(row[workers]), tuple(row[workers + 1 :]))
+
+
+def _loaded(model: type[T], attrs: Any, values: Sequence[Any]) -> T:
+    """An instance as a query loads it: its columns set, no changes pending, detached."""
+    instance = model(**{a.key: value for a, value in zip(attrs, values, strict=True)})
+    make_transient_to_detached(instance)
+    return instance
 
 
 async def authenticate_worker(session: AsyncSession, apikey: str | None, body: PopInput, now: float) -> Named:
@@ -164,7 +198,7 @@ async def authenticate_worker(session: AsyncSession, apikey: str | None, body: P
     locked for `check_in`. An existing worker popping with its owner's key takes one statement;
     anything else (a first pop, another kind of key, no match) takes the general path, which finds
     the owner or raises, and leaves the worker to `check_in`."""
-    found = await owner_and_worker(session, apikey, body.name, now, lock=True)
+    found = await owner_and_worker(session, apikey, body.name, now)
     if found is not None:
         return found
     return Named(await authenticate_user(session, apikey, now), None, has_messages=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from sqlalchemy.exc import DBAPIError
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, async_sessionmaker
 
 from horde_lite.clock import Clock
 from horde_lite.core.modes import MODES_OFF, HordeModes
@@ -111,26 +111,26 @@ class Horde:
         async with connect_to_read(self.engine) as conn, self.sessionmaker(bind=conn) as session:
             yield session
 
-    async def read_retried(self, read: Callable[[AsyncSession], Awaitable[T]]) -> T:
-        """`read` in a session like `reading()`'s whose connection is checked out without the
-        pool's ping: a read that may run twice (no writes, no effect before its last statement)
-        saves that round trip. A database error ends the connection for good (invalidated, not
-        pooled again) and `read` runs once more in `reading()`, whose ping replaces a lost
-        connection. Any error, not only those SQLAlchemy takes for a lost connection: between the
-        server's termination message and the socket's close, asyncpg fails a statement with one
-        it does not. An error the second run meets too is raised."""
+    async def read_retried(self, read: Callable[[AsyncConnection], Awaitable[T]]) -> T:
+        """`read` on a connection like `reading()`'s, checked out without the pool's ping: a read
+        that may run twice (no writes, no effect before its last statement) saves that round trip.
+        A database error ends the connection for good (invalidated, not pooled again) and `read`
+        runs once more on a pinged connection, which replaces a lost one. Any error, not only
+        those SQLAlchemy takes for a lost connection: between the server's termination message and
+        the socket's close, asyncpg fails a statement with one it does not. An error the second run
+        meets too is raised. `read` opens a session on the connection when it needs one
+        (`sessionmaker(bind=conn)`)."""
         try:
             async with connect_to_read(self.engine, checked=False) as conn:
                 try:
-                    async with self.sessionmaker(bind=conn) as session:
-                        return await read(session)
+                    return await read(conn)
                 except DBAPIError:
                     await conn.invalidate()
                     raise
         except DBAPIError as error:
             log.info("a read without the pool's check failed (%s); reading again", type(error.orig).__name__)
-        async with self.reading() as session:
-            return await read(session)
+        async with connect_to_read(self.engine) as conn:
+            return await read(conn)
 
     def detach(self, work: Coroutine[Any, Any, None], what: str) -> asyncio.Task[None]:
         """Run `work` in a task of its own (core/tasks.py): a cancelled caller cannot cut its

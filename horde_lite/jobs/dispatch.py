@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from sqlalchemy import ColumnElement, Select, Table, and_, bindparam, case, func, insert, not_, or_, select
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import aliased
 
 from horde_lite.accounts import flagged, worker_messages
@@ -18,9 +18,10 @@ from horde_lite.accounts.workers import (
     authenticate_worker,
     check_in,
     check_in_need,
+    declared_models,
     effective_speed,
+    look_up,
     owner_and_named_with,
-    owner_and_worker,
     stamp_check_in,
 )
 from horde_lite.core.context import Caller, Horde, InForce
@@ -423,28 +424,37 @@ async def look(
     now = horde.clock.now()
     address = stored_address(caller.address)
 
-    async def read(session: AsyncSession) -> Popped | Looked | None:
-        named = await owner_and_worker(session, caller.apikey, body.name, now, statement=_LOOK)
+    async def read(conn: AsyncConnection) -> Popped | Looked | None:
+        rules = in_force.rules(now)
+        # The declared models and chat limits: when they are not the worker's row's, the probe's
+        # answer means nothing, and the pop goes the whole way (`check_in_need` says "all").
+        probe = queue_index.Probe.of(declared_models(body), chat=body.chat is not None, now=now)
+        statement = look_statement(rules, probe)
+        named = await look_up(conn, caller.apikey, body.name, now, statement, probe.values)
         if named is None or named.worker is None:
             return None
         owner, worker = named.owner, named.worker
         flagged.refuse_worker(owner)
-        need = await check_in_need(session, worker, owner, body, in_force.settings, now, address)
-        seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
-        if path(seen) is PopPath.WHOLE:
-            return None
-        limits = queue_index.Limits.of(worker, in_force.rules(now))
-        page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
-        route = path(replace(seen, page_rows=len(page.rows)))
-        skipped = _skipped_answer(*divmod(int(named.extra), SKIPPED_SPLIT))
-        if route is PopPath.CLAIM or (route is PopPath.CHECK_IN and not horde.autocommit_reads):
-            return Looked(
-                owner, worker, stamp=need == "time", page=page, address=address,
-                has_messages=named.has_messages, skipped=skipped,
-            )  # fmt: skip
-        if route is PopPath.CHECK_IN:  # one statement that commits alone; run twice, it writes the same
-            await stamp_check_in(session, worker, now, address)
-        messages = await _messages(session, named.has_messages, worker, now)
+        async with horde.sessionmaker(bind=conn) as session:
+            need = await check_in_need(session, worker, owner, body, in_force.settings, now, address)
+            seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
+            if path(seen) is PopPath.WHOLE:
+                return None
+            counts, has_page = named.extra
+            page = queue_index.Page([], None)  # the probe found the page empty: most pops end here
+            if has_page:
+                limits = queue_index.Limits.of(worker, rules)
+                page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
+            route = path(replace(seen, page_rows=len(page.rows)))
+            skipped = _skipped_answer(*divmod(int(counts), SKIPPED_SPLIT))
+            if route is PopPath.CLAIM or (route is PopPath.CHECK_IN and not horde.autocommit_reads):
+                return Looked(
+                    owner, worker, stamp=need == "time", page=page, address=address,
+                    has_messages=named.has_messages, skipped=skipped,
+                )  # fmt: skip
+            if route is PopPath.CHECK_IN:  # one statement that commits alone; run twice, it writes the same
+                await stamp_check_in(session, worker, now, address)
+            messages = await _messages(session, named.has_messages, worker, now)
         _count_pop(horde, in_force.policies, worker)  # after the last statement: a read run twice counts once
         return Popped(offer=None, skipped=skipped, messages=messages)
 
@@ -539,12 +549,23 @@ def _skipped(max_length: Any, max_context_length: Any) -> tuple[ColumnElement[An
 
 
 # Built once (see `built_once` in eligibility.py for why). `_SKIPPED` counts for a worker's stored
-# lengths given as parameters; `_LOOK` is an idle pop's first statement, its owner and worker read
-# with the counts for that worker's row, so an idle pop answers without a statement of its own for
-# them: one number, too long x SKIPPED_SPLIT + too wide (each at most SKIPPED_HEAD).
+# lengths given as parameters; `_SKIPPED_IN_LOOK` for the worker's row that an idle pop's first
+# statement reads (`look_statement`), as one number: too long x SKIPPED_SPLIT + too wide (each at most
+# SKIPPED_HEAD).
 _SKIPPED = select(*_skipped(bindparam("max_length"), bindparam("max_context_length")))
 SKIPPED_SPLIT = SKIPPED_HEAD + 1
 _too_long, _too_wide = _skipped(Worker.max_length, Worker.max_context_length)
-_LOOK = owner_and_named_with(
-    select(func.coalesce(_too_long, 0) * SKIPPED_SPLIT + func.coalesce(_too_wide, 0)).scalar_subquery()
-)
+_SKIPPED_IN_LOOK = select(
+    func.coalesce(_too_long, 0) * SKIPPED_SPLIT + func.coalesce(_too_wide, 0)
+).scalar_subquery()
+
+
+def look_statement(rules: Rules, probe: queue_index.Probe) -> Select[Any]:
+    """A pop's first statement: its owner and worker, whether the worker has a message, the
+    `skipped` counts for the worker's row, and whether its first page holds a row (`probe`), so
+    an idle pop answers without another statement. Built once per page shape and gate."""
+    return built_once(
+        rules,
+        ("look", probe.shape),
+        lambda symbolic: owner_and_named_with(_SKIPPED_IN_LOOK, probe.column(Worker, symbolic)),
+    )

@@ -1,7 +1,7 @@
-"""An idle pop (a known worker, nothing for it) is answered before any transaction, its `skipped`
-counts read with its owner and worker in one statement: the answer is the one the whole pop gives.
-One whose check-in is due writes it in one statement: alone on PostgreSQL, in a transaction on
-SQLite, and neither counts `skipped` again."""
+"""An idle pop (a known worker, nothing for it) is answered before any transaction by one
+statement, which reads its owner and worker, its `skipped` counts and whether its first page holds a
+row: the answer is the one the whole pop gives. One whose check-in is due writes it in one more
+statement: alone on PostgreSQL, in a transaction on SQLite, and neither counts `skipped` again."""
 
 from __future__ import annotations
 
@@ -39,7 +39,9 @@ async def test_an_idle_pop_of_a_known_worker_answers_as_a_first_pop(client: Hord
     known = await _idle(client, key, "known")  # created: the whole pop
     assert known == {"id": None, "ids": [], "payload": {}, "skipped": {}, "messages": []}
     await _queue(client, too_long=3, too_wide=2)
-    idle = await _idle(client, key, "known")  # known, nothing to write: answered by the look
+    with statements_sent(client.horde.engine) as sent:
+        idle = await _idle(client, key, "known")  # known, nothing to write: answered by the look
+    assert [s.statement.lstrip()[:12] for s in sent] == ["SELECT users"]  # no page read, no transaction
     first = await _idle(client, key, "new")  # a first pop: counted in the pop's transaction
     assert idle["skipped"] == first["skipped"] == {"max_length": 3, "max_context_length": 2}
     assert idle == first
@@ -72,7 +74,7 @@ async def test_an_idle_pop_whose_check_in_is_due_writes_it_alone(client: HordeCl
     assert due["skipped"] == {"max_length": 3, "max_context_length": 2}
     assert (await _check_in_of(client, "known"))[0] == client.clock.now()
     work = [s for s in sent if not s.control]
-    assert len(work) == 3, [s.statement for s in work]  # owner and worker with `skipped`, page, stamp
+    assert len(work) == 2, [s.statement for s in work]  # the look (owner, worker, `skipped`, probe), stamp
     stamp = work[-1]
     assert stamp.statement.lstrip().upper().startswith("UPDATE WORKERS"), stamp.statement
     postgres = client.horde.engine.dialect.name == "postgresql"

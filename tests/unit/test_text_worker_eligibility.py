@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from litestar.testing import AsyncTestClient
 from sqlalchemy import bindparam, delete, literal, select
 
-from horde_lite.accounts.workers import capacity_for, worker_name_key
+from horde_lite.accounts.workers import capacity_for, declared_models, look_up, worker_name_key
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Base, TextRequest, User, Worker, WorkerModel
 from horde_lite.db.sqltypes import (
@@ -34,6 +34,7 @@ from horde_lite.db.sqltypes import (
 )
 from horde_lite.inputs import ChatBlock, PopInput
 from horde_lite.jobs import dispatch
+from horde_lite.queue import queue_index
 from horde_lite.queue.eligibility import (
     RequestFacts,
     is_eligible,
@@ -598,6 +599,23 @@ async def test_every_reader_agrees_with_the_eligibility_check(
             assert could == set(), (spec, could)
         else:
             assert got in could, (spec, got)
+
+    # The look's probe (an idle pop's one statement) finds a worker's first page empty exactly
+    # when the page's own statement does, and never when the worker could take a request.
+    for spec in specs:
+        body = _pop_input(spec)
+        probe = queue_index.Probe.of(declared_models(body), chat=body.chat is not None, now=now)
+        async with horde.reading() as session:
+            statement = dispatch.look_statement(rules, probe)
+            conn = await session.connection()
+            named = await look_up(conn, keys[spec.owner], spec.name, now, statement, probe.values)
+            assert named is not None
+            assert named.worker is not None
+            limits = queue_index.Limits.of(named.worker, rules)
+            page = await queue_index.page(session, spec.models, size=dispatch.POP_PAGE, limits=limits)
+        assert bool(named.extra[1]) is bool(page.rows), spec
+        if spec.online and not spec.paused and not spec.maintenance:
+            assert bool(page.rows) or not {rid for rid, ws in eligible.items() if named.worker.id in ws}
 
     # The model listing: a model's count and speed are its workers eligible for the smallest
     # legacy request from someone who owns no worker.
