@@ -10,6 +10,10 @@ compared (the two servers share the machine's cores).
 `--bench cycles`: a server running A and one running B, each on its own database, loaded at the
 same time by the same number of simulated workers; the median server CPU per cycle.
 
+`--bench idle`: in each round, the base's own `bench.perf_idle` and this checkout's, one after the
+other, the first of the two alternating; the medians of the idle pop's and the heartbeat's server
+CPU per call.
+
 `--bench behind`: in each round, the base's own `bench.perf_behind` (its code, run from the base's
 worktree: its loaders, its server) and this checkout's, one after the other, the first of the two
 alternating from round to round; per case, the medians of the wall time, the server's CPU and (on
@@ -19,6 +23,7 @@ PostgreSQL) PostgreSQL's CPU per pop.
     python -m bench.perf_ab --base main --db sqlite --rounds 4
     python -m bench.perf_ab --base a76ee58 --bench behind --db sqlite --rounds 2 --behind-pops 20
     python -m bench.perf_ab --base HEAD~1 --bench both
+    python -m bench.perf_ab --base main --bench idle --db sqlite --rounds 4
 
 The base is checked out in a temporary git worktree (removed afterwards); its own code migrates
 its database and creates its users.
@@ -262,14 +267,55 @@ def _print_behind(rev: str, result: dict[str, Any]) -> None:
             print(f"| {case} | found differs: A {figures['found']['a']}, B {figures['found']['b']} | | | |")
 
 
+IDLE_ROUNDS = 4
+IDLE_FIGURES = ("idle_cpu_ms", "heartbeat_cpu_ms")
+
+
+def _run_idle(code: Path, db: str, pg_url: str) -> dict[str, float]:
+    """One run of the perf_idle of the code in `code`: its idle pop's and heartbeat's server CPU
+    per call, read back from its printed table (`| database | idle pop: CPU / wall | heartbeat:
+    CPU / wall | rounds |`)."""
+    env = {**os.environ, "PYTHONPATH": str(code)}
+    command = [_python(code), "-m", "bench.perf_idle", "--db", db, "--pg-url", pg_url, "--rounds", "3"]
+    done = subprocess.run(command, cwd=code, env=env, capture_output=True, text=True)
+    for line in done.stdout.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if done.returncode == 0 and len(cells) == 4 and cells[0] == db:
+            idle, heartbeat = (float(cell.split("/")[0]) for cell in cells[1:3])
+            return {"idle_cpu_ms": idle, "heartbeat_cpu_ms": heartbeat}
+    raise SystemExit(f"perf_ab: {' '.join(command)} in {code} exited {done.returncode}:\n"
+                     f"{done.stdout[-2000:]}{done.stderr[-3000:]}")  # fmt: skip
+
+
+def run_idle(rev: str, tree: Path, db: str, pg_url: str, rounds: int) -> dict[str, Any]:
+    """perf_idle of the base (`tree`) and of this checkout, one after the other in each round."""
+    figures: dict[str, Any] = {f: {"a": [], "b": []} for f in IDLE_FIGURES}
+    for i in range(rounds):
+        order = [("a", tree), ("b", ROOT)][:: -1 if i % 2 else 1]  # which goes first alternates
+        got = {name: _run_idle(code, db, pg_url) for name, code in order}
+        for f in IDLE_FIGURES:
+            for name in ("a", "b"):
+                figures[f][name].append(got[name][f])
+        print(
+            f"idle round {i + 1} ({'B' if i % 2 else 'A'} first): A ({rev}) / B (checkout) "
+            + ", ".join(f"{f} {got['a'][f]:.2f} / {got['b'][f]:.2f}" for f in IDLE_FIGURES),
+            flush=True,
+        )
+    for f in IDLE_FIGURES:
+        ma, mb = statistics.median(figures[f]["a"]), statistics.median(figures[f]["b"])
+        figures[f].update(median_a=ma, median_b=mb, ratio=mb / ma)
+        print(f"median {f}: A {ma:.2f}, B {mb:.2f}, B/A {mb / ma:.3f}", flush=True)
+    return {"rounds": rounds, **figures}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--base", default="HEAD", help="the commit A runs (default HEAD)")
-    parser.add_argument("--bench", choices=["cycles", "behind", "both"], default="cycles")
+    parser.add_argument("--bench", choices=["cycles", "behind", "both", "idle"], default="cycles")
     parser.add_argument("--db", choices=["postgresql", "sqlite"], default="postgresql")
     parser.add_argument("--pg-url", default=DEFAULT_PG, help="a server to create the databases on")
     parser.add_argument("--rounds", type=int, help=f"rounds (default {CYCLE_ROUNDS} of cycles, "
-                        f"{BEHIND_ROUNDS} of perf_behind)")  # fmt: skip
+                        f"{BEHIND_ROUNDS} of perf_behind, {IDLE_ROUNDS} of perf_idle)")  # fmt: skip
     parser.add_argument("--workers", type=int, default=8, help="cycles: simulated workers per server")
     parser.add_argument("--seconds", type=float, default=10.0, help="cycles: length of a round")
     parser.add_argument("--behind-case", default="all", help="perf_behind's --case (default all)")
@@ -297,6 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                                 args.behind_pops, rounds)  # fmt: skip
             result["behind"] = asyncio.run(behind)
             _print_behind(rev, result["behind"])
+        if args.bench == "idle":
+            result["idle"] = run_idle(rev, tree, args.db, args.pg_url, args.rounds or IDLE_ROUNDS)
     RESULTS.mkdir(exist_ok=True)
     out = RESULTS / f"perf-ab-{dt.datetime.now(dt.UTC).strftime('%Y%m%d-%H%M%S')}.json"
     out.write_text(json.dumps(result, indent=1))
