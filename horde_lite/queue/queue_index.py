@@ -336,17 +336,20 @@ def _build(shape: _Shape, gated: Rules | None) -> Select[Any]:
 def _probe(shape: _Shape, gated: Rules, row: Any) -> ColumnElement[bool]:
     """Whether the first page of `shape` (not after another) holds a row, for the worker whose
     row `row` the enclosing statement reads: the rows a page's clauses admit exist, asked with no
-    order. By model, each model's entries are read through ix_queue_entries_need, up to the
-    worker's longest length (every entry the clauses admit asks for no more)."""
+    order. By model, as a page's branch does: first whether any entry of the model asks for no
+    more than the worker's longest length (ix_queue_entries_need), then the clauses; asked at
+    once, PostgreSQL read the model's every entry through the walk's index to find none fit."""
     side = _row_side(row, gated)
     if shape.models is None:
         return exists(select(1).where(*_requests_where(shape, gated, side)).correlate(row))
-    e = QueueEntry
+    e, fitting = QueueEntry, aliased(QueueEntry)
     fits = _entries_where(shape, gated, side, e)
 
     def of_model(i: int) -> ColumnElement[bool]:
-        model = e.model == bindparam(f"walk_model_{i}")
-        return exists(select(1).where(model, e.need_length <= side["longest"], *fits).correlate(row))
+        model = bindparam(f"walk_model_{i}")
+        short = select(1).where(fitting.model == model, fitting.need_length <= side["longest"])
+        admitted = select(1).where(e.model == model, *fits)
+        return and_(exists(short.correlate(row)), exists(admitted.correlate(row)))
 
     return or_(*(of_model(i) for i in range(shape.models)))
 
