@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from sqlalchemy import event
 from sqlalchemy.engine import make_url
@@ -52,6 +53,18 @@ def _reading_options(engine: AsyncEngine) -> dict[str, Any]:
     return {READ_ONLY: True, "isolation_level": "AUTOCOMMIT"}
 
 
+# Each engine with the reading options set, made once: its connections (from the same pool) take
+# them as they are checked out, with no call of their own per connection.
+_READERS: WeakKeyDictionary[AsyncEngine, AsyncEngine] = WeakKeyDictionary()
+
+
+def _reader(engine: AsyncEngine) -> AsyncEngine:
+    reader = _READERS.get(engine)
+    if reader is None:
+        reader = _READERS[engine] = engine.execution_options(**_reading_options(engine))
+    return reader
+
+
 @asynccontextmanager
 async def connect_to_read(engine: AsyncEngine, *, checked: bool = True) -> AsyncIterator[AsyncConnection]:
     """A connection that reads outside any transaction (`Horde.reading`), closed when the block
@@ -59,14 +72,13 @@ async def connect_to_read(engine: AsyncEngine, *, checked: bool = True) -> Async
     when the connection turns to autocommit, a round trip for nothing. Unchecked, it sends nothing
     at checkout: for a caller that invalidates the connection on an error and reads again
     (`Horde.read_retried`)."""
-    conn = engine.connect()
+    conn = _reader(engine).connect()
     token = _CHECKOUT_TO_READ.set("ping" if checked else "skip")
     try:
         await conn.start()
     finally:
         _CHECKOUT_TO_READ.reset(token)  # a transaction opened while reading begins at its checkout
     try:
-        await conn.execution_options(**_reading_options(engine))
         yield conn
     finally:
         await asyncio.shield(conn.close())  # as `async with engine.connect()` closes it
