@@ -87,7 +87,7 @@ def record_speed_sample(worker: Worker, tokens: int, seconds: float, settings: S
     return sample
 
 
-async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[int]:
+async def _priority_user_ids(db: AsyncSession | AsyncConnection, names: list[str]) -> list[int]:
     """Resolve `priority_usernames` in one query (this runs on every pop). "name#id" must name the
     user with that id, as the CLI's lookup does; a bare name matches by name."""
     wanted: list[tuple[str, int | None]] = []
@@ -98,7 +98,7 @@ async def _priority_user_ids(session: AsyncSession, names: list[str]) -> list[in
         wanted.append(parsed)
     if not wanted:
         return []
-    rows = await session.execute(
+    rows = await db.execute(
         select(User.id, User.username).where(User.username.in_({base for base, _ in wanted}))
     )
     by_name = {username: user_id for user_id, username in rows}
@@ -321,7 +321,7 @@ CheckInNeed = Literal["nothing", "time", "all"]
 
 
 async def check_in_need(
-    session: AsyncSession,
+    db: AsyncSession | AsyncConnection,
     worker: Worker,
     owner: User,
     body: PopInput,
@@ -336,7 +336,7 @@ async def check_in_need(
         return "all"
     if owner_limits.cooling(owner, now) and not worker.maintenance:
         return "all"  # the check-in puts it back into maintenance
-    priority_user_ids = await _priority_user_ids(session, body.priority_usernames)
+    priority_user_ids = await _priority_user_ids(db, body.priority_usernames)
     declared = _declared(worker, owner, body, priority_user_ids, settings)
     if any(getattr(worker, column) != value for column, value in declared.items()):
         return "all"

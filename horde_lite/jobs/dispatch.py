@@ -435,26 +435,30 @@ async def look(
             return None
         owner, worker = named.owner, named.worker
         flagged.refuse_worker(owner)
-        async with horde.sessionmaker(bind=conn) as session:
-            need = await check_in_need(session, worker, owner, body, in_force.settings, now, address)
-            seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
-            if path(seen) is PopPath.WHOLE:
-                return None
-            counts, has_page = named.extra
-            page = queue_index.Page([], None)  # the probe found the page empty: most pops end here
-            if has_page:
-                limits = queue_index.Limits.of(worker, rules)
-                page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
-            route = path(replace(seen, page_rows=len(page.rows)))
-            skipped = _skipped_answer(*divmod(int(counts), SKIPPED_SPLIT))
-            if route is PopPath.CLAIM or (route is PopPath.CHECK_IN and not horde.autocommit_reads):
-                return Looked(
-                    owner, worker, stamp=need == "time", page=page, address=address,
-                    has_messages=named.has_messages, skipped=skipped,
-                )  # fmt: skip
-            if route is PopPath.CHECK_IN:  # one statement that commits alone; run twice, it writes the same
-                await stamp_check_in(session, worker, now, address)
-            messages = await _messages(session, named.has_messages, worker, now)
+        need = await check_in_need(conn, worker, owner, body, in_force.settings, now, address)
+        seen = Seen(known=True, need=need, paused=worker.paused, maintenance=worker.maintenance)
+        if path(seen) is PopPath.WHOLE:
+            return None
+        counts, has_page = named.extra
+        skipped = _skipped_answer(*divmod(int(counts), SKIPPED_SPLIT))
+        route = path(replace(seen, page_rows=None if has_page else 0))  # None: the page decides
+        messages: list[MessageRecord] = []
+        if route is not PopPath.IDLE or named.has_messages:  # most pops are idle: no session for them
+            async with horde.sessionmaker(bind=conn) as session:
+                page = queue_index.Page([], None)
+                if route is None:  # the probe found a row
+                    limits = queue_index.Limits.of(worker, rules)
+                    page = await queue_index.page(session, [*worker.models], size=POP_PAGE, limits=limits)
+                    route = path(replace(seen, page_rows=len(page.rows)))
+                if route is PopPath.CLAIM or (route is PopPath.CHECK_IN and not horde.autocommit_reads):
+                    return Looked(
+                        owner, worker, stamp=need == "time", page=page, address=address,
+                        has_messages=named.has_messages, skipped=skipped,
+                    )  # fmt: skip
+                if route is PopPath.CHECK_IN:
+                    # One statement that commits alone; run twice, it writes the same.
+                    await stamp_check_in(session, worker, now, address)
+                messages = await _messages(session, named.has_messages, worker, now)
         _count_pop(horde, in_force.policies, worker)  # after the last statement: a read run twice counts once
         return Popped(offer=None, skipped=skipped, messages=messages)
 
