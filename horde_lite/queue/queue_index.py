@@ -337,8 +337,9 @@ def _probe(shape: _Shape, gated: Rules, row: Any) -> ColumnElement[bool]:
     """Whether the first page of `shape` (not after another) holds a row, for the worker whose
     row `row` the enclosing statement reads: the rows a page's clauses admit exist, asked with no
     order. By model, as a page's branch does: first whether any entry of the model asks for no
-    more than the worker's longest length (ix_queue_entries_need), then the clauses; asked at
-    once, PostgreSQL read the model's every entry through the walk's index to find none fit."""
+    more than the worker's longest length (ix_queue_entries_need), then the clauses; without that
+    test PostgreSQL may read every entry of the model through the walk's covering index to find
+    that none fits."""
     side = _row_side(row, gated)
     if shape.models is None:
         return exists(select(1).where(*_requests_where(shape, gated, side)).correlate(row))
@@ -423,9 +424,9 @@ def _walked(models: Sequence[str]) -> list[str] | None:
 @dataclass(frozen=True, slots=True)
 class Probe:
     """Whether a worker's first page holds a row, asked inside a statement that reads the
-    worker's row: the page's own statement, its worker side read from that row (`_row_side`), one
-    row long. `models` and `chat` (whether it declared chat limits) must be the row's; a row
-    that holds others gets an answer that means nothing."""
+    worker's row: a page's own clauses, their worker side read from that row (`_row_side`), asked
+    whether any row meets them. `models` and `chat` (whether it declared chat limits) must be the
+    row's; a row that holds others gets an answer that means nothing."""
 
     shape: _Shape
     values: dict[str, Any]  # to execute the enclosing statement with
