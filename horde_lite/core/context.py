@@ -154,12 +154,6 @@ class InForce:
     settings: Settings
     modes: HordeModes = MODES_OFF
 
-    @property
-    def autocommit_reads(self) -> bool:
-        """`reading()`'s connections autocommit (db/engine.py `reads_autocommit`): one statement
-        that may run twice can write there and commits alone."""
-        return reads_autocommit(self.engine)
-
     def rules(self, now: float) -> Rules:
         return Rules.from_settings(self.settings, self.policies.speed_gate, now)
 
