@@ -495,6 +495,12 @@ class Metrics:
         )
         for outcome in WOKEN_OUTCOMES:
             self.pops_woken.add(0, woken_attributes(outcome))
+        self.pops_remembered = meter.create_counter(
+            "horde.pop.remembered",
+            unit="{pop}",
+            description="Idle pops answered again from this process's memory, without a statement.",
+        )
+        self.pops_remembered.add(0)
         self.http_request_duration = meter.create_histogram(
             "http.server.request.duration",
             unit="s",

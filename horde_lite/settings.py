@@ -482,12 +482,17 @@ class PopSettings(_Table):
     # How often a process with waiting pops checks the database for new jobs where no
     # cross-process channel tells it (SQLite shared by processes, PostgreSQL's listener down).
     wait_poll_seconds: float = 1.0
+    # How long a process answers a known worker's idle poll again from memory while no wake-up
+    # says a job may have come (jobs/idle_answers.py); 0: every poll reads the database.
+    idle_answer_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 <= self.wait_max_seconds <= MAX_POP_WAIT_SECONDS:
             raise ValueError(f"[pops] wait_max_seconds must be between 0 (off) and {MAX_POP_WAIT_SECONDS}")
         if not 0.05 <= self.wait_poll_seconds <= 60:
             raise ValueError("[pops] wait_poll_seconds must be between 0.05 and 60")
+        if not 0 <= self.idle_answer_seconds <= 60:
+            raise ValueError("[pops] idle_answer_seconds must be between 0 (off) and 60")
 
 
 class Settings(_Table):

@@ -246,6 +246,9 @@ TEST_OVERRIDES: dict[str, dict[str, object]] = {
     "chat": {"grace_seconds": 2},
     "worker": {"max_per_user": 0, "max_per_trusted_user": 0, "owner_failure_limit": 0},
     "sharedkeys": {"max_per_user": 0, "max_per_trusted_user": 0},
+    # The clock stands still in a test: a remembered idle answer would outlive every change a test
+    # makes but a job's arrival. tests/integration/test_idle_answers.py turns them on.
+    "pops": {"idle_answer_seconds": 0},
 }
 
 

@@ -209,7 +209,12 @@ def check_in_is_due(last: float, now: float) -> bool:
     its row at every pop, most of them finding nothing. Kept to within half the jump the change log
     notes, a polling worker's check-ins are never noted (as before, when each pop wrote one), and a
     worker that stops goes offline at most that much sooner. A clock that moved back writes at once."""
-    return not last <= now < last + CHECK_IN_RESOLUTION
+    return not last <= now < check_in_due_at(last)
+
+
+def check_in_due_at(last: float) -> float:
+    """When a check-in made at `last` is due again (from then on, `check_in_is_due`)."""
+    return last + CHECK_IN_RESOLUTION
 
 
 async def check_in(

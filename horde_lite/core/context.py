@@ -15,11 +15,12 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, a
 
 from horde_lite.clock import Clock
 from horde_lite.core.modes import MODES_OFF, HordeModes
-from horde_lite.core.notify import Notifier
+from horde_lite.core.notify import JobsArrived, Notifier
 from horde_lite.core.tasks import TaskSet
 from horde_lite.db.engine import SQLITE_BUSY_TIMEOUT_MS, connect_to_read, make_sessionmaker, reads_autocommit
 from horde_lite.db.writer_turns import WriterTurns
 from horde_lite.filters.cache import FilterCache
+from horde_lite.jobs.idle_answers import IdleAnswers
 from horde_lite.jobs.pop_waiters import PopWaiters, changed_requests
 from horde_lite.metrics import Metrics
 from horde_lite.operators.ip_cache import LiveTimeouts
@@ -59,6 +60,8 @@ class Horde:
     webhooks: WebhookDeliveries = field(init=False, repr=False)
     # This process's waiting pops, woken through the notifier (jobs/pop_waiters.py).
     pop_waiters: PopWaiters = field(init=False, repr=False)
+    # Idle pops' answers this process gives again from memory (jobs/idle_answers.py).
+    idle_answers: IdleAnswers = field(init=False, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
 
@@ -75,8 +78,18 @@ class Horde:
             changed=lambda last: changed_requests(self.reading, last),
             channel_open=lambda: not sqlite and self.notifier.listening.is_set(),
         )
-        self.notifier.on_jobs = self.pop_waiters.jobs_arrived
+        listening = self.notifier.listening
+        self.idle_answers = IdleAnswers(
+            self.settings.pops.idle_answer_seconds,
+            listens=lambda: self.notifier.listens if not sqlite and listening.is_set() else None,
+        )
+        self.notifier.on_jobs = self._jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
+
+    def _jobs_arrived(self, arrived: JobsArrived, remote: bool) -> None:
+        # The remembered answers first: a woken pop must not be answered from them.
+        self.idle_answers.jobs_arrived(arrived.models)
+        self.pop_waiters.jobs_arrived(arrived, remote)
 
     @property
     def autocommit_reads(self) -> bool:

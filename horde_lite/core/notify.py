@@ -88,6 +88,8 @@ class Notifier:
         self.token = uuid.uuid4().hex[:16]
         # Set while a PgListener of this process is listening (tests wait for it).
         self.listening = asyncio.Event()
+        # Counts the times it started listening: what was heard before a break is told apart.
+        self.listens = 0
         # Told of jobs that may be taken now (the waiting pops' registry): (what, from another process).
         self.on_jobs: Callable[[JobsArrived, bool], None] | None = None
 
@@ -229,6 +231,7 @@ class PgListener:
             conn.add_termination_listener(lambda _c: lost.set())
             await conn.add_listener(CHANNEL, self._on_notification)
             await conn.add_listener(JOBS_CHANNEL, self._on_jobs)
+            self.notifier.listens += 1
             self.notifier.listening.set()
             self.notifier.notify_all()
             while not lost.is_set():

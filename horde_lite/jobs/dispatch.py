@@ -8,6 +8,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
+import msgspec
 from sqlalchemy import ColumnElement, Select, Table, and_, bindparam, case, func, insert, not_, or_, select
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from sqlalchemy.orm import aliased
@@ -17,6 +18,7 @@ from horde_lite.accounts.worker_messages import MessageRecord
 from horde_lite.accounts.workers import (
     authenticate_worker,
     check_in,
+    check_in_due_at,
     check_in_need,
     declared_models,
     effective_speed,
@@ -29,6 +31,7 @@ from horde_lite.db.models import AssignmentRecord, CandidateRecord, Generation, 
 from horde_lite.db.rows import Write, committed, write_rows
 from horde_lite.db.sqltypes import OneOf, TextList
 from horde_lite.inputs import PopInput
+from horde_lite.jobs import idle_answers
 from horde_lite.jobs.pop_rule import PopPath, Seen, Take, counts_pop, path, take
 from horde_lite.metrics import wait_attributes
 from horde_lite.operators.ip_rule import stored_address
@@ -286,7 +289,7 @@ async def pop(
         if looked.stamp:
             await stamp_check_in(session, worker, now, looked.address)
     fake = worker.paused
-    _count_pop(horde, in_force.policies, worker)
+    _count_pop(horde, in_force.policies, _pop_check(worker))
     page = None if looked is None else looked.page
     found = await _candidate(session, in_force, worker, now, fake=fake, page=page)
     if found is None:
@@ -394,18 +397,22 @@ class Popped:
     messages: list[MessageRecord] = field(default_factory=list)  # the worker's unexpired messages
 
 
-def _count_pop(horde: Horde, policies: Policies, worker: Worker) -> None:
+def _pop_check(worker: Worker) -> PopCheck | None:
+    """What the shadow metrics count of a pop of `worker` (None: nothing)."""
+    if not counts_pop(worker.paused):
+        return None
+    return PopCheck(
+        worker_id=worker.id,
+        worker_trusted=worker.trusted,
+        capacity=worker.capacity,
+        chat_max_completion_tokens=worker.chat_max_completion_tokens,
+    )
+
+
+def _count_pop(horde: Horde, policies: Policies, check: PopCheck | None) -> None:
     """The shadow metrics' count of pops, once per pop whichever way it is answered."""
-    if counts_pop(worker.paused):
-        policies.shadow_metrics.on_pop(
-            horde.metrics,
-            PopCheck(
-                worker_id=worker.id,
-                worker_trusted=worker.trusted,
-                capacity=worker.capacity,
-                chat_max_completion_tokens=worker.chat_max_completion_tokens,
-            ),
-        )
+    if check is not None:
+        policies.shadow_metrics.on_pop(horde.metrics, check)
 
 
 async def look(
@@ -423,6 +430,16 @@ async def look(
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
     address = stored_address(caller.address)
+    answers = horde.idle_answers
+    mark = answers.mark(declared_models(body))  # before the statement: a wake-up during it counts
+    key: idle_answers.Key | None = None
+    if mark is not None:
+        key = idle_answers.key_of(caller.apikey, address, msgspec.json.encode(body))
+        remembered = answers.recall(key, now, in_force.policies, in_force.modes)
+        if remembered is not None:
+            _count_pop(horde, in_force.policies, remembered.check)
+            horde.metrics.pops_remembered.add(1)
+            return remembered.answer
 
     async def read(conn: AsyncConnection) -> Popped | Looked | None:
         rules = in_force.rules(now)
@@ -459,8 +476,14 @@ async def look(
                     # One statement that commits alone; run twice, it writes the same.
                     await stamp_check_in(session, worker, now, address)
                 messages = await _messages(session, named.has_messages, worker, now)
-        _count_pop(horde, in_force.policies, worker)  # after the last statement: a read run twice counts once
-        return Popped(offer=None, skipped=skipped, messages=messages)
+        check = _pop_check(worker)
+        _count_pop(horde, in_force.policies, check)  # after the last statement: a read run twice counts once
+        popped = Popped(offer=None, skipped=skipped, messages=messages)
+        if key is not None and mark is not None and not messages:
+            until = answers.until(now, check_in_due_at(worker.last_check_in))
+            policies, modes = in_force.policies, in_force.modes
+            answers.remember(key, idle_answers.Remembered(popped, check, mark, policies, modes, now, until))
+        return popped
 
     # Pure reads: on a connection the server has closed they run again on a checked one.
     return await horde.read_retried(read)

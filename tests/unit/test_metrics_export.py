@@ -74,6 +74,7 @@ FAMILIES: dict[str, tuple[str, dict[str, set[str]]]] = {
     "horde_pop_waiting": ("gauge", {}),
     "horde_pop_wakeups": ("counter", {"source": set(WAKE_SOURCES)}),
     "horde_pop_woken": ("counter", {"outcome": set(WOKEN_OUTCOMES)}),
+    "horde_pop_remembered": ("counter", {}),
 }
 # The scrape-time gauges are not OpenTelemetry instruments: no otel_scope_* labels.
 UNSCOPED = {"horde_text_waiting_requests", "horde_text_queued_tokens", "horde_workers_online"}

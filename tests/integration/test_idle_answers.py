@@ -1,0 +1,227 @@
+"""Idle answers remembered (docs/reference/horde_api.md, "Idle answers remembered"): on PostgreSQL,
+while the process's LISTEN connection is up, a known worker's idle poll is answered again from
+memory without a statement, until jobs arrive for one of its models (in this process or another),
+the horde's modes switch, its check-in falls due or `[pops] idle_answer_seconds` pass. Never on
+SQLite, never for another key, never across a break in the listener."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import asyncpg
+import pytest
+from litestar.testing import AsyncTestClient
+from sqlalchemy import select
+from sqlalchemy.engine import make_url
+
+from horde_lite.accounts.workers import CHECK_IN_RESOLUTION
+from horde_lite.clock import ManualClock
+from horde_lite.db.models import Worker
+from horde_lite.operators import horde_modes
+from horde_lite.settings import Settings
+from tests.conftest import make_settings
+from tests.support import prom
+from tests.support.apps import app_for
+from tests.support.horde import ANON, HordeClient
+from tests.support.statements import statements_sent
+
+SECONDS = 5.0  # below the check-in's own interval, so the two ends are told apart
+IDLE = {"models": ["m"], "max_length": 64}
+PATIENCE = 30.0  # a hang guard, not a speed check
+
+
+@pytest.fixture
+def settings(db_url: str) -> Settings:
+    return make_settings(db_url, pops={"idle_answer_seconds": SECONDS})
+
+
+def postgres_only(client: HordeClient) -> None:
+    if client.horde.engine.dialect.name != "postgresql":
+        pytest.skip("remembered only where a LISTEN connection hears other processes (PostgreSQL)")
+
+
+async def listening(client: HordeClient) -> None:
+    """Until the app's LISTEN connection is up (read from here: the app runs on its own loop)."""
+    deadline = time.monotonic() + PATIENCE
+    while not client.horde.notifier.listening.is_set():
+        assert time.monotonic() < deadline, "the listener never connected"
+        await asyncio.sleep(0.02)
+
+
+async def statements_of_pop(client: HordeClient, key: str, name: str = "w1", **body: Any) -> tuple[int, dict]:
+    """(statements the pop sent, its answer); not the address guard's refresh of its copy of the
+    address timeouts, which runs on its own schedule."""
+    with statements_sent(client.horde.engine) as sent:
+        response = await client.pop(key, name, **{**IDLE, **body})
+    assert response.status_code == 200, response.text
+    return len([s for s in sent if "FROM ip_timeouts" not in s.statement]), response.json()
+
+
+async def remembered_idle(client: HordeClient, key: str, name: str = "w1") -> dict:
+    """Pop until the look has read the worker's idle answer (a first pop creates the worker and
+    goes the whole way), then see it remembered."""
+    read, answer = await statements_of_pop(client, key, name)
+    if answer["id"] is not None or read != 1:
+        read, answer = await statements_of_pop(client, key, name)
+    assert read == 1
+    assert answer["id"] is None
+    sent, again = await statements_of_pop(client, key, name)
+    assert sent == 0
+    assert again == answer
+    return answer
+
+
+def move_to(client: HordeClient, at: float) -> None:
+    client.clock.advance(at - client.clock.now())
+
+
+async def test_an_idle_poll_is_answered_again_without_a_statement(client: HordeClient) -> None:
+    key = await client.user("volunteer")
+    await client.create(ANON, models=["other"], params={"max_length": 300})  # counted in `skipped`
+    if client.horde.engine.dialect.name != "postgresql":
+        for _ in range(3):
+            assert (await statements_of_pop(client, key))[0] >= 1
+        assert len(client.horde.idle_answers) == 0
+        assert prom.value(await client.metrics(), "horde_pop_remembered_total") == 0
+        return
+    await listening(client)
+    answer = await remembered_idle(client, key)
+    assert answer["skipped"] == {"max_length": 1}
+    for _ in range(3):
+        assert (await statements_of_pop(client, key))[0] == 0
+    assert prom.value(await client.metrics(), "horde_pop_remembered_total") == 4
+
+
+async def test_jobs_for_its_models_end_it_and_jobs_for_others_do_not(client: HordeClient) -> None:
+    postgres_only(client)
+    await listening(client)
+    key = await client.user("volunteer")
+    await remembered_idle(client, key)
+    assert (await client.create(ANON, models=["other"])).status_code == 202
+    assert (await statements_of_pop(client, key))[0] == 0
+    assert (await client.create(ANON, models=["m"], params={"max_length": 16})).status_code == 202
+    assert (await statements_of_pop(client, key))[1]["id"] is not None
+    await remembered_idle(client, key)
+    assert (await client.create(ANON, params={"max_length": 16})).status_code == 202  # any model
+    assert (await statements_of_pop(client, key))[1]["id"] is not None
+
+
+async def test_a_job_given_back_ends_it(client: HordeClient) -> None:
+    postgres_only(client)
+    await listening(client)
+    first, second = await client.user("first"), await client.user("second")
+    await client.create(ANON, models=["m"], params={"max_length": 16})
+    taken = (await client.pop(first, "w1", **IDLE)).json()
+    assert taken["id"] is not None
+    await remembered_idle(client, second, "w2")
+    client.clock.advance(client.horde.settings.lease.base_seconds + 1)
+    await client.sweep()  # the lease lapsed: the job goes back to its request
+    assert (await statements_of_pop(client, second, "w2"))[1]["id"] is not None
+
+
+async def test_its_seconds_and_its_check_in_end_it(client: HordeClient) -> None:
+    postgres_only(client)
+    await listening(client)
+    key = await client.user("volunteer")
+    await statements_of_pop(client, key)  # created: checked in now
+    checked_in = client.clock.now()
+    assert (await statements_of_pop(client, key))[0] == 1
+    client.clock.advance(SECONDS - 0.1)
+    assert (await statements_of_pop(client, key))[0] == 0
+    client.clock.advance(0.1)  # `idle_answer_seconds` passed: read again, remembered again
+    assert (await statements_of_pop(client, key))[0] == 1
+    assert (await statements_of_pop(client, key))[0] == 0
+    move_to(client, checked_in + CHECK_IN_RESOLUTION - 0.1)
+    assert (await statements_of_pop(client, key))[0] == 0  # due at the check-in's interval, not later
+    client.clock.advance(0.1)
+    with statements_sent(client.horde.engine) as sent:
+        assert (await client.pop(key, "w1", **IDLE)).json()["id"] is None
+    assert any(s.statement.lstrip().upper().startswith("UPDATE WORKERS") for s in sent)
+    async with client.horde.sessionmaker() as session:
+        stamped = (await session.execute(select(Worker.last_check_in).where(Worker.name == "w1"))).scalar()
+    assert stamped == client.clock.now()
+    assert (await statements_of_pop(client, key))[0] == 0
+    move_to(client, checked_in - 1)  # a clock that moved back reads again
+    assert (await statements_of_pop(client, key))[0] >= 1
+
+
+async def test_a_switch_of_the_horde_modes_ends_it(client: HordeClient) -> None:
+    postgres_only(client)
+    await listening(client)
+    key = await client.user("volunteer")
+    await remembered_idle(client, key)
+    await horde_modes.switch(client.horde, {"raid": True}, "test", "test")
+    assert (await statements_of_pop(client, key))[0] >= 1
+
+
+async def test_another_key_or_declaration_is_never_answered_from_it(client: HordeClient) -> None:
+    postgres_only(client)
+    await listening(client)
+    key, other = await client.user("volunteer"), await client.user("other")
+    await remembered_idle(client, key)
+    wrong = await client.pop("not-a-key-of-anyone", "w1", **IDLE)
+    assert wrong.status_code == 401, wrong.text
+    taken = await client.pop(other, "w1", **IDLE)  # answered by the database: the name is the first's
+    assert taken.status_code == 403, taken.text
+    assert (await statements_of_pop(client, key, max_length=128))[0] >= 1  # a new declaration
+
+
+@asynccontextmanager
+async def host(settings: Settings, clock: ManualClock) -> AsyncIterator[HordeClient]:
+    """A second server process's app on the same database (its own notifier and listener)."""
+    app = app_for(settings, clock)
+    async with AsyncTestClient(app=app, timeout=PATIENCE) as http:
+        yield HordeClient(http, app.state.horde)
+
+
+async def test_a_request_admitted_by_another_process_ends_it(client: HordeClient, settings: Settings) -> None:
+    """The clock stands still, so only the other process's NOTIFY can end the remembered answer."""
+    postgres_only(client)
+    async with host(settings, client.clock) as other:
+        await listening(client)
+        await listening(other)
+        key = await client.user("volunteer")
+        await remembered_idle(client, key)
+        created = await other.create(ANON, models=["m"], params={"max_length": 16})
+        assert created.status_code == 202, created.text
+        deadline = time.monotonic() + PATIENCE
+        while (await statements_of_pop(client, key))[1]["id"] is None:  # until the NOTIFY is heard
+            assert time.monotonic() < deadline, "the other process's request never reached the pop"
+            await asyncio.sleep(0.02)
+
+
+@pytest.mark.slow
+async def test_a_break_in_the_listener_ends_it_and_nothing_is_remembered_meanwhile(
+    client: HordeClient, db_url: str
+) -> None:
+    """A job admitted by another process while the LISTEN connection is down would not be heard of."""
+    postgres_only(client)
+    await listening(client)
+    key = await client.user("volunteer")
+    await remembered_idle(client, key)
+    url = make_url(db_url)
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port or 5432, user=url.username, database=url.database
+    )
+    try:
+        ended = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+            " WHERE datname = $1 AND (query LIKE 'LISTEN %' OR query = 'SELECT 1')",
+            url.database,
+        )
+    finally:
+        await conn.close()
+    assert ended >= 1
+    deadline = time.monotonic() + PATIENCE
+    while client.horde.notifier.listening.is_set():
+        assert time.monotonic() < deadline, "the listener never saw its connection end"
+        await asyncio.sleep(0.02)
+    for _ in range(2):  # the second too: the first was not remembered
+        assert (await statements_of_pop(client, key))[0] >= 1
+    await listening(client)  # it reconnects (after a few seconds)
+    assert (await statements_of_pop(client, key))[0] == 1  # what was heard before the break is not used
+    assert (await statements_of_pop(client, key))[0] == 0
