@@ -9,6 +9,11 @@ round (the smallest call the app answers) is measured alike, for the floor of th
 
     python -m bench.perf_idle                       # both databases
     python -m bench.perf_idle --db postgresql --pops 1000 --rounds 7
+    python -m bench.perf_idle --db postgresql --idle-answer-seconds 0   # every pop reads the database
+
+On PostgreSQL the horde answers a known worker's idle poll again from memory while nothing arrives
+for its models (`[pops] idle_answer_seconds`): with the default, nearly every pop here is such an
+answer; with 0, each reads the database, as a poll after a new request does.
 """
 
 from __future__ import annotations
@@ -51,7 +56,10 @@ async def _round(http: httpx.AsyncClient, server: Server, calls: int, call: Any)
     return (cpu1 - cpu0) * 1000 / calls, pct(walls, 0.5)
 
 
-async def run(db: str, pg_url: str, pops: int, rounds: int, queued: int) -> dict[str, Any]:
+async def run(
+    db: str, pg_url: str, pops: int, rounds: int, queued: int, remember: float | None = None
+) -> dict[str, Any]:
+    """`remember`: the server's `[pops] idle_answer_seconds` (None: its default)."""
     with tempfile.TemporaryDirectory(prefix="hl-idle-") as tmp:
         work = Path(tmp)
         url = await fresh_bench_database(db, pg_url, BENCH_PG_DB, work, "idle.db")
@@ -60,7 +68,10 @@ async def run(db: str, pg_url: str, pops: int, rounds: int, queued: int) -> dict
             keys = await set_up_users(engine, 1, 1)
         finally:
             await engine.dispose()
-        server = Server(0, free_port(), work, server_env(url, LIMITS_OFF))
+        overrides = dict(LIMITS_OFF)
+        if remember is not None:
+            overrides["pops"] = {"idle_answer_seconds": remember}
+        server = Server(0, free_port(), work, server_env(url, overrides))
         await server.start()
         owner, requester = keys["owners"][0], keys["registered"][0]
         try:
@@ -108,13 +119,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pops", type=int, default=500, help="calls per round")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--queued", type=int, default=20, help="requests waiting for another model")
+    remember = "the server's [pops] idle_answer_seconds (0: every pop reads the database)"
+    parser.add_argument("--idle-answer-seconds", type=float, default=None, help=remember)
     args = parser.parse_args(argv)
     kinds = ["sqlite", "postgresql"] if args.db == "both" else [args.db]
     print("| database | idle pop: server CPU ms / wall p50 ms | heartbeat: server CPU ms / wall p50 ms "
           "| rounds (CPU ms) |")  # fmt: skip
     print("|---|---|---|---|")
     for kind in kinds:
-        r = asyncio.run(run(kind, args.pg_url, args.pops, args.rounds, args.queued))
+        r = asyncio.run(run(kind, args.pg_url, args.pops, args.rounds, args.queued, args.idle_answer_seconds))
         print(f"| {r['db']} | {r['idle_cpu_ms']:.2f} / {r['idle_wall_ms']:.2f} | "
               f"{r['heartbeat_cpu_ms']:.2f} / {r['heartbeat_wall_ms']:.2f} | {r['rounds']} |")  # fmt: skip
     return 0
