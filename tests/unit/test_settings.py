@@ -39,6 +39,7 @@ CONTRACT: dict[str, dict[str, object]] = {
         "redis_namespace": "horde_lite",
     },
     "accounts": {"registration": "closed"},
+    "pops": {"wait_max_seconds": 20, "idle_answer_seconds": 10},
     "worker": {"online_seconds": 300},
     "request": {"expiry_seconds": 1200, "max_length_limit": 16384},
     "chat": {"grace_seconds": 60, "max_queue_wait_seconds": 300, "default_max_tokens": 512},
@@ -261,6 +262,9 @@ def test_missing_named_file_is_an_error(elsewhere: Path) -> None:
         ("[webhooks]\nattempts = 0\n", "[webhooks] attempts must be between 1 and 10"),
         ("[webhooks]\ntimeout_seconds = 0\n", "[webhooks] needs 0 < timeout_seconds"),
         ('[webhooks]\nallow_private = "yes"\n', "[webhooks] allow_private"),
+        ("[pops]\nidle_answer_seconds = -1\n", "[pops] idle_answer_seconds must be between 0 (off) and 60"),
+        ("[pops]\nidle_answer_seconds = 61\n", "[pops] idle_answer_seconds must be between 0 (off) and 60"),
+        ('[pops]\nidle_answer_seconds = "long"\n', "[pops] idle_answer_seconds"),
     ],
 )
 def test_bad_file_names_the_key(elsewhere: Path, text: str, names: str) -> None:
