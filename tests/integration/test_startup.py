@@ -24,6 +24,7 @@ from sqlalchemy.engine import make_url
 
 from horde_lite import __version__
 from horde_lite.db import migrate
+from horde_lite.heap import FULL_EVERY
 from tests.conftest import is_postgres
 from tests.support.fake_backend import free_port
 
@@ -343,14 +344,14 @@ from horde_lite.app import create_app
 from horde_lite.settings import Settings
 
 async def main():
-    counts = [gc.get_freeze_count()]
+    counts = [gc.get_threshold()[2], gc.get_freeze_count()]
     for _ in range(2):  # a second app in the same process freezes nothing more (the count only
         # falls as frozen objects are freed)
         app = create_app(msgspec.convert({"database": {"url": sys.argv[1]}}, Settings), run_sweeper=False)
         async with AsyncTestClient(app) as client:
             assert (await client.get("/api/v2/status/heartbeat")).status_code == 200
             counts.append(gc.get_freeze_count())
-    print(*counts)
+    print(*counts, gc.get_threshold()[2])
 
 asyncio.run(main())
 """
@@ -359,10 +360,11 @@ asyncio.run(main())
 @pytest.mark.slow
 def test_a_started_server_keeps_its_start_up_objects_out_of_full_collections(db_url: str) -> None:
     """horde_lite/heap.py: once started, a process freezes what it holds (modules, the app), so the
-    cyclic collector's full passes skip them; once per process."""
+    cyclic collector's full passes skip them; once per process. Full collections are spaced out."""
     out = subprocess.run([sys.executable, "-c", _FREEZE_PROBE, db_url], capture_output=True, text=True,
                          timeout=120, check=True)  # fmt: skip
-    before, first, second = (int(n) for n in out.stdout.split())
+    spacing_before, before, first, second, spacing = (int(n) for n in out.stdout.split())
+    assert (spacing_before, spacing) == (10, FULL_EVERY)  # CPython's default, then the server's
     assert before == 0
     assert first > 50_000  # the imported modules and the app, not a handful
     assert second <= first
