@@ -72,16 +72,20 @@ class Horde:
             self.sizes = ModelSizes.from_settings(self.settings.kudos)
         self.webhooks = WebhookDeliveries(self.settings.webhooks, self.metrics)
         sqlite = self.engine.dialect.name == "sqlite"
+
+        def channel_open() -> bool:
+            """Another process's wake-ups reach this one now (its LISTEN connection is up)."""
+            return not sqlite and self.notifier.listening.is_set()
+
         self.pop_waiters = PopWaiters(
             self.metrics,
             self.settings.pops.wait_poll_seconds,
             changed=lambda last: changed_requests(self.reading, last),
-            channel_open=lambda: not sqlite and self.notifier.listening.is_set(),
+            channel_open=channel_open,
         )
-        listening = self.notifier.listening
         self.idle_answers = IdleAnswers(
             self.settings.pops.idle_answer_seconds,
-            listens=lambda: self.notifier.listens if not sqlite and listening.is_set() else None,
+            listens=lambda: self.notifier.listens if channel_open() else None,
         )
         self.notifier.on_jobs = self._jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
