@@ -430,8 +430,9 @@ async def look(
     in_force = in_force or horde.in_force()
     now = horde.clock.now()
     address = stored_address(caller.address)
+    models = declared_models(body)
     answers = horde.idle_answers
-    mark = answers.mark(declared_models(body))  # before the statement: a wake-up during it counts
+    mark = answers.mark(models)  # before the statement: a wake-up during it counts
     key: idle_answers.Key | None = None
     if mark is not None:
         key = idle_answers.key_of(caller.apikey, address, msgspec.json.encode(body))
@@ -445,7 +446,7 @@ async def look(
         rules = in_force.rules(now)
         # The declared models and chat limits: when they are not the worker's row's, the probe's
         # answer means nothing, and the pop goes the whole way (`check_in_need` says "all").
-        probe = queue_index.Probe.of(declared_models(body), chat=body.chat is not None, now=now)
+        probe = queue_index.Probe.of(models, chat=body.chat is not None, now=now)
         statement = look_statement(rules, probe)
         named = await look_up(conn, caller.apikey, body.name, now, statement, probe.values)
         if named is None or named.worker is None:
