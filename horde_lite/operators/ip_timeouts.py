@@ -42,6 +42,8 @@ from horde_lite.operators.ip_rule import (
 from horde_lite.rc import Rc
 
 log = logging.getLogger("horde_lite.ip_timeouts")
+# The poll task's name (tests tell its timed reads from a call's own statements by it).
+POLL_TASK = "reading the address timeouts"
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -80,7 +82,7 @@ async def check(horde: Horde, address: str) -> None:
     cache = horde.ip_timeouts
     if cache.due():
         ticket = cache.begin(horde.settings.policies.reload_seconds)
-        cache.loading = horde.detach(_poll(horde, ticket), "reading the address timeouts")
+        cache.loading = horde.detach(_poll(horde, ticket), POLL_TASK)
     if not cache.loaded and cache.loading is not None:
         await asyncio.shield(cache.loading)
     left = cache.seconds_left(address, horde.clock.now())

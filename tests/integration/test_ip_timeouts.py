@@ -240,12 +240,12 @@ async def test_the_address_is_written_with_the_check_in_and_the_check_reads_noth
         owner = await client.user("owner")
         assert (await pop(client, "192.0.2.1", owner, "w1")).status_code == 200
         assert await worker_address(client, "w1") == "192.0.2.1"
-        with statements_sent(client.horde.engine) as sent:
+        with statements_sent(client.horde.engine, timed=True) as sent:
             assert (await pop(client, "192.0.2.1", owner, "w1")).status_code == 200
             assert (await create(client, "192.0.2.1", dry_run=True)).status_code == 200
         assert not [s.statement for s in sent if s.statement.lstrip().upper().startswith("UPDATE")]
         assert not [s.statement for s in sent if "ip_timeouts" in s.statement]
-        with statements_sent(client.horde.engine) as sent:
+        with statements_sent(client.horde.engine, timed=True) as sent:
             assert (await pop(client, "2001:db8::1", owner, "w1")).status_code == 200
         updates = [s.statement for s in sent if s.statement.lstrip().upper().startswith("UPDATE")]
         assert len(updates) == 1, updates

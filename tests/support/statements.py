@@ -11,6 +11,9 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from horde_lite.operators.ip_timeouts import POLL_TASK
+from horde_lite.operators.policy_state import WATCH_TASK
+
 _CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
 
 
@@ -25,26 +28,29 @@ class Sent:
         return self.statement.lstrip().upper().startswith(_CONTROL)
 
 
-# The app's timer-driven task, which reads the policies and modes every `[policies] reload_seconds`
-# of real time, whenever that falls: never part of what a test does.
-_WATCHES = frozenset({"horde_lite-policy-watch"})
+# The app's timer-driven reads, in tasks of their own: the policy watch (every `[policies]
+# reload_seconds` of real time) and the address timeouts' poll (started by a call's check once its
+# copy is that old, run beside the call). They fall whenever the real clock says, never as part of
+# what a test does.
+_TIMED = frozenset({WATCH_TASK, POLL_TASK})
 
 
-def _from_a_watch() -> bool:
+def _timed() -> bool:
     try:
         task = asyncio.current_task()
     except RuntimeError:  # no running loop: a synchronous caller
         return False
-    return task is not None and task.get_name() in _WATCHES
+    return task is not None and task.get_name() in _TIMED
 
 
 @contextmanager
-def statements_sent(engine: AsyncEngine) -> Iterator[list[Sent]]:
-    """Every statement `engine` sends while the block runs, in order, but the policy watch's."""
+def statements_sent(engine: AsyncEngine, *, timed: bool = False) -> Iterator[list[Sent]]:
+    """Every statement `engine` sends while the block runs, in order; the timed background reads'
+    only with `timed` (a test of those reads)."""
     sent: list[Sent] = []
 
     def note(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
-        if not _from_a_watch():
+        if timed or not _timed():
             sent.append(Sent(statement, conn.get_execution_options()))
 
     target = engine.sync_engine
