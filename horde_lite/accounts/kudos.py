@@ -6,13 +6,15 @@ pays for; `users.kudos` is their sum, moved only here.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from sqlalchemy import bindparam, exists, func, select, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, TextRequest, User
-from horde_lite.db.rows import insert_rows
+from horde_lite.db.rows import Write, insert_rows, write_rows
 from horde_lite.settings import KudosSettings
 
 
@@ -60,9 +62,7 @@ async def record(session: AsyncSession, user_id: int, amount: float, kind: str, 
     its weaker share lock: an insert first, then the update, is a lock upgrade that deadlocks
     against a creation holding `FOR UPDATE` on the same user (PostgreSQL). Moving several balances
     in one transaction goes through `record_all`, which takes the rows in ascending id order."""
-    await _move(session, [(user_id, amount)])
-    event = KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
-    await insert_rows(session, [event])
+    await record_all(session, [(user_id, amount, kind)], ref, now)
 
 
 async def record_all(
@@ -70,13 +70,23 @@ async def record_all(
 ) -> None:
     """Several (user id, amount, kind) moves in one transaction (a charge, a transfer): the users
     rows are updated in ascending id order, the ledger rows are inserted after all of them."""
+    await write_rows(session, await _moved(session, entries, ref, now))
+
+
+_events = KudosEvent.__table__
+
+
+async def _moved(
+    session: AsyncSession, entries: list[tuple[int, float, str]], ref: str, now: float
+) -> list[Write]:
+    """Move the balances of (user id, amount, kind) `entries` in ascending id order; their ledger
+    rows, which the caller must write in this transaction, after the moves."""
     ordered = sorted(entries, key=lambda e: e[0])
     await _move(session, [(user_id, amount) for user_id, amount, _kind in ordered])
-    await insert_rows(
-        session,
-        [KudosEvent(user_id=user_id, amount=amount, kind=kind, ref=ref, created_at=now)
-         for user_id, amount, kind in ordered],
-    )  # fmt: skip
+    return [
+        Write(_events, {"user_id": user_id, "amount": amount, "kind": kind, "ref": ref, "created_at": now})  # type: ignore[arg-type]
+        for user_id, amount, kind in ordered
+    ]
 
 
 _users = User.__table__
@@ -181,6 +191,12 @@ async def release_hold(session: AsyncSession, request_id: str) -> None:
         set_committed_value(hold, "remaining", 0.0)
 
 
+@dataclass(frozen=True, slots=True)
+class Charge:
+    amount: float  # what the requester paid
+    ledger: list[Write]  # the job's ledger rows: the caller writes them in this transaction
+
+
 async def charge_job(
     session: AsyncSession,
     *,
@@ -191,21 +207,21 @@ async def charge_job(
     generation_id: str,
     reward: float,
     now: float,
-) -> float:
-    """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. Returns the charge,
-    which the caller then takes from the request's hold (`consume_hold`) unless the request ended
-    and released it."""
+) -> Charge:
+    """Settle one job: the owner earns `reward`, the requester pays `reward + 1`. The balances move
+    here; the ledger rows are returned for the caller to write with its other writes of the
+    settlement (`rows.write_rows`: one statement on PostgreSQL). The caller then takes the charge
+    from the request's hold (`consume_hold`) unless the request ended and released it."""
     charge = round(reward + 1, 2)
     # The lock order of docs/explanation/locking.md: users rows in ascending id (two submits paying
     # each other's users in opposite directions cannot deadlock), then the shared key; the hold
     # comes after (the caller); the ledger rows are inserted after the balances.
-    await record_all(
-        session, [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")], generation_id, now
-    )
+    moves = [(worker_owner_id, reward, "reward"), (requester_id, -charge, "charge")]
+    ledger = await _moved(session, moves, generation_id, now)
     if shared_key_hash is not None:
         await session.execute(
             update(SharedKey)
             .where(SharedKey.key_hash == shared_key_hash)
             .values(utilized=SharedKey.utilized + charge)
         )
-    return charge
+    return Charge(charge, ledger)

@@ -12,7 +12,7 @@ from functools import cache
 from itertools import groupby
 from typing import Any, cast
 
-from sqlalchemy import Insert, Table, Update, bindparam, insert, inspect, update
+from sqlalchemy import Insert, Table, TextClause, Update, bindparam, insert, inspect, text, update
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import get_history, set_committed_value
 
@@ -53,46 +53,72 @@ def _update_of(table: Table, columns: frozenset[str]) -> Update:
 @dataclass(frozen=True, slots=True)
 class Write:
     """One row's write: an insert of `values` (by column key), or, given `key`, an update of them
-    in the row with that primary key."""
+    in the row with that primary key, or, given `adds`, an insert that adds those columns' values
+    to the stored row's instead when a row with its primary key exists."""
 
     table: Table
     values: dict[str, Any]
     key: Any = None  # None: an insert (no primary key is NULL)
+    adds: tuple[str, ...] = ()  # an insert's columns added up on a conflict of primary keys
 
-    def shape(self) -> tuple[Table, frozenset[str], bool]:
-        return self.table, frozenset(self.values), self.key is not None
-
-
-def _statement(
-    table: Table, columns: frozenset[str], updates: bool, prefix: str, rows: int = 1
-) -> Insert | Update:
-    """INSERT into `table` of `columns` (`rows` rows), or UPDATE of them by primary key, its
-    parameters named `prefix`_column and `prefix`_pk (an insert of several rows: `prefix`_row_column)."""
-
-    def values(named: str) -> dict[Any, Any]:
-        return {table.c[c]: bindparam(f"{named}_{c}", type_=table.c[c].type) for c in sorted(columns)}
-
-    if not updates:
-        return insert(table).values(
-            values(prefix) if rows == 1 else [values(f"{prefix}_{r}") for r in range(rows)]
-        )
-    [key] = table.primary_key.columns
-    return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values(prefix))
+    def shape(self) -> tuple[Table, frozenset[str], bool, tuple[str, ...]]:
+        return self.table, frozenset(self.values), self.key is not None, self.adds
 
 
-# The most rows of one insert sent as a part of one statement: each number of rows is a statement
-# text of its own, which asyncpg prepares anew and caches beside the hot path's statements.
-ROWS_TOGETHER = 4
-# A part of a statement of several writes: one UPDATE, or an INSERT of consecutive rows of one shape.
-_Part = tuple[Table, frozenset[str], bool, int]
+def _adding(table: Table, columns: frozenset[str], adds: tuple[str, ...], prefix: str) -> TextClause:
+    """INSERT ... ON CONFLICT (primary key) DO UPDATE SET c = c + excluded.c for each of `adds`, as
+    text both databases take as written: SQLAlchemy's dialect constructs for it have no cache key,
+    so they would be compiled again at every execution. Its parameters carry the columns' types."""
+    names = sorted(columns)
+    key = ", ".join(c.name for c in table.primary_key.columns)
+    added = ", ".join(f"{c} = {table.name}.{c} + excluded.{c}" for c in adds)
+    params = ", ".join(f":{prefix}_{c}" for c in names)
+    sql = (
+        f"INSERT INTO {table.name} ({', '.join(names)}) VALUES ({params}) "
+        f"ON CONFLICT ({key}) DO UPDATE SET {added}"
+    )
+    return text(sql).bindparams(*(bindparam(f"{prefix}_{c}", type_=table.c[c].type) for c in names))
 
 
 @cache
-def _together(parts: tuple[_Part, ...]) -> Insert | Update:
+def _adding_of(table: Table, columns: frozenset[str], adds: tuple[str, ...]) -> TextClause:
+    """One adding insert per table, columns and columns added (`write_rows`), built once."""
+    return _adding(table, columns, adds, "v")
+
+
+def _statement(table: Table, columns: frozenset[str], updates: bool, prefix: str) -> Insert | Update:
+    """INSERT into `table` of `columns`, or UPDATE of them by primary key, its parameters named
+    `prefix`_column and `prefix`_pk."""
+    values = {table.c[c]: bindparam(f"{prefix}_{c}", type_=table.c[c].type) for c in sorted(columns)}
+    if not updates:
+        return insert(table).values(values)
+    [key] = table.primary_key.columns
+    return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values)
+
+
+# The most writes sent as one statement: each sequence of shapes is a statement text of its own,
+# which asyncpg prepares anew and caches beside the hot path's statements. Each row is a part of its
+# own: SQLAlchemy gives a multi-row VALUES no cache key, so it would be compiled at every execution.
+WRITES_TOGETHER = 12
+_Shape = tuple[Table, frozenset[str], bool, tuple[str, ...]]
+
+
+@cache
+def _together(shapes: tuple[_Shape, ...]) -> Insert | Update:
     """Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence
-    of parts: each part but the last a data-modifying CTE of the last."""
-    *first, last = (_statement(t, c, u, f"u{i}", rows) for i, (t, c, u, rows) in enumerate(parts))
-    return last.add_cte(*(w.cte(f"u{i}") for i, w in enumerate(first)))
+    of shapes: the last plain INSERT or UPDATE the statement, every other write a data-modifying CTE
+    of it (where a write stands in the statement changes nothing: all run as one statement)."""
+    main = max(i for i, (*_, adds) in enumerate(shapes) if not adds)
+    ctes = []
+    for i, (table, columns, updates, adds) in enumerate(shapes):
+        if i == main:
+            continue
+        if adds:  # a textual statement as a CTE: it returns nothing and nothing reads it
+            ctes.append(_adding(table, columns, adds, f"u{i}").columns().cte(f"u{i}"))
+        else:
+            ctes.append(_statement(table, columns, updates, f"u{i}").cte(f"u{i}"))
+    table, columns, updates, _adds = shapes[main]
+    return _statement(table, columns, updates, f"u{main}").add_cte(*ctes)
 
 
 def _given_defaults(write: Write) -> Write:
@@ -104,7 +130,7 @@ def _given_defaults(write: Write) -> Write:
     defaults = _python_defaults(write.table)
     # Only scalar and callable defaults exist (SQLAlchemy wraps a callable to take a context).
     values = {key: d.arg(None) if d.is_callable else d.arg for key, d in defaults if key not in write.values}  # type: ignore[attr-defined]
-    return Write(write.table, {**values, **write.values}) if values else write
+    return Write(write.table, {**values, **write.values}, adds=write.adds) if values else write
 
 
 @cache
@@ -113,48 +139,38 @@ def _python_defaults(table: Table) -> list[tuple[str, Any]]:
     return [(c.key, c.default) for c in table.columns if c.default is not None]
 
 
-def _parts(writes: Sequence[Write]) -> list[list[Write]]:
-    """`writes` in parts: each update alone, consecutive inserts of one shape together."""
-    parts: list[list[Write]] = []
-    for w in writes:
-        if parts and w.key is None and parts[-1][0].shape() == w.shape():
-            parts[-1].append(w)
-        else:
-            parts.append([w])
-    return parts
+def _named(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
+    return {f"{prefix}_{column}": value for column, value in values.items()}
 
 
 async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
     """Send `writes` in their order; on PostgreSQL as one statement (a round trip costs the server
-    more CPU than a statement's Python), its parts data-modifying CTEs, when no table is written by
-    two of its parts (SQLAlchemy compiles no such statement) and no part inserts more than
-    `ROWS_TOGETHER` rows. The rows updated must be locked already (or SQLite's one writer held),
-    and no row written twice: the parts of one statement do not see each other's writes
-    (PostgreSQL checks foreign keys and runs the after-row triggers these tables have at the
-    statement's end, so a row may refer to one inserted beside it)."""
+    more CPU than a statement's Python), each write a data-modifying CTE of it, when there are at
+    most `WRITES_TOGETHER` and one of them is a plain insert or update. The rows updated must be
+    locked already (or SQLite's one writer held), and no row written twice: the parts of one
+    statement do not see each other's writes (PostgreSQL checks foreign keys and runs the after-row
+    triggers these tables have at the statement's end, so a row may refer to one inserted beside
+    it). Otherwise each run of writes of one shape is one statement (an executemany)."""
     conn = await session.connection()
-    together = len(writes) > 1 and conn.dialect.name == "postgresql"
-    parts = _parts([_given_defaults(w) for w in writes] if together else writes)
-    tables = [part[0].table for part in parts]
     if (
-        together
-        and len(parts) > 1
-        and len(set(tables)) == len(tables)
-        and all(len(part) <= ROWS_TOGETHER for part in parts)
+        1 < len(writes) <= WRITES_TOGETHER
+        and conn.dialect.name == "postgresql"
+        and any(not w.adds for w in writes)
     ):
+        given = [_given_defaults(w) for w in writes]
         params: dict[str, Any] = {}
-        for i, part in enumerate(parts):
-            for r, w in enumerate(part):
-                named = f"u{i}" if len(part) == 1 else f"u{i}_{r}"
-                params |= {f"{named}_{column}": value for column, value in w.values.items()}
-            if part[0].key is not None:
-                params[f"u{i}_pk"] = part[0].key
-        await conn.execute(_together(tuple((*part[0].shape(), len(part)) for part in parts)), params)
+        for i, w in enumerate(given):
+            params |= _named(f"u{i}", w.values)
+            if w.key is not None:
+                params[f"u{i}_pk"] = w.key
+        await conn.execute(_together(tuple(w.shape() for w in given)), params)
         return
     for shape, group in groupby(writes, Write.shape):
-        table, columns, updates = shape
-        if updates:
-            keyed = [{"v_pk": w.key, **{f"v_{c}": v for c, v in w.values.items()}} for w in group]
+        table, columns, updates, adds = shape
+        if adds:
+            await conn.execute(_adding_of(table, columns, adds), [_named("v", w.values) for w in group])
+        elif updates:
+            keyed = [{"v_pk": w.key, **_named("v", w.values)} for w in group]
             await conn.execute(_update_of(table, columns), keyed)
         else:  # the rows of a table given the same columns in one executemany, as `insert_rows`
             await conn.execute(_insert_into(table), [w.values for w in group])
@@ -178,11 +194,13 @@ def committed(row: Base, changed: dict[str, Any]) -> None:
         set_committed_value(row, key, value)
 
 
-async def write_all_changes(session: AsyncSession, rows: Iterable[tuple[Base, Iterable[str]]]) -> None:
-    """Write what of the attributes named changed on each of `rows` (loaded objects, each with the
-    attribute keys it may have changed), in their order, with `write_rows`, and tell the objects
-    their values are stored, so the flush at commit has nothing of them left to write."""
+async def write_all_changes(
+    session: AsyncSession, rows: Iterable[tuple[Base, Iterable[str]]], *, first: Sequence[Write] = ()
+) -> None:
+    """Write `first`, then what of the attributes named changed on each of `rows` (loaded objects,
+    each with the attribute keys it may have changed), in their order, with `write_rows`, and tell
+    the objects their values are stored, so the flush at commit has nothing of them left to write."""
     found = [(row, found) for row, keys in rows if (found := changes(row, keys)) is not None]
-    await write_rows(session, [write for _row, (write, _changed) in found])
+    await write_rows(session, [*first, *(write for _row, (write, _changed) in found)])
     for row, (_write, changed) in found:
         committed(row, changed)

@@ -20,7 +20,7 @@ from horde_lite.db.rows import write_all_changes
 from horde_lite.inputs import SubmitInput
 from horde_lite.jobs.lease import LAPSED, JobLapsed, as_lease_holder, lapse, lease_ran_out
 from horde_lite.jobs.output_bounds import check_submit
-from horde_lite.jobs.settlement import give_back, maybe_finish, shadow_outcome
+from horde_lite.jobs.settlement import give_back, job_ended, maybe_finish, shadow_outcome
 from horde_lite.operators import usage
 from horde_lite.rc import Rc
 from horde_lite.requests import prices
@@ -240,8 +240,7 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
     )
     # Every charge is at least the burn of 1, so a request that has spent nothing is settling its
     # first job: the request is counted in the history once, by the job that first served it.
-    await usage.record_settlement(
-        session,
+    used = usage.settlement(
         at=now,
         requester_id=request.user_id,
         shared_key_hash=request.shared_key_hash,
@@ -250,10 +249,10 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
         model=generation.model,
         first_of_request=request.kudos_spent == 0,
         tokens=tokens,
-        charged=charge,
+        charged=charge.amount,
         rewarded=reward,
     )
-    request.kudos_spent = round(request.kudos_spent + charge, 2)
+    request.kudos_spent = round(request.kudos_spent + charge.amount, 2)
     worker.completed_jobs += 1
     worker.tokens_generated += tokens
     worker.kudos_earned = round(worker.kudos_earned + reward, 2)
@@ -261,11 +260,13 @@ async def submit(session: AsyncSession, horde: Horde, apikey: str | None, body: 
     if not await maybe_finish(session, request, ended=generation.id):
         # A request that ended released its hold whole: taking the charge from it first would
         # read and write the row only for the release to overwrite it.
-        await kudos.consume_hold(session, request.id, charge)
-    await shadow_outcome(session, horde, generation, worker, request, "completed")
-    # The job's three rows as Core updates of what changed (they are locked since the job's read).
+        await kudos.consume_hold(session, request.id, charge.amount)
+    ended = job_ended(horde, generation, worker, request, "completed")
+    # The settlement's rows in one go (one statement on PostgreSQL): the ledger's, the usage
+    # history's and the assignment record's, then the job's three rows as Core updates of what
+    # changed (they are locked since the job's read). Nothing in this transaction reads them back.
     settled = ((generation, _STORED), (worker, _WORKER_TOTALS), (request, _REQUEST_SETTLED))
-    await write_all_changes(session, settled)
+    await write_all_changes(session, settled, first=[*charge.ledger, used, *([ended] if ended else [])])
     horde.notifier.on_commit(session, request.id, remote=request.waited)
     log.info(
         "generation submitted generation=%s request=%s worker=%s tokens=%d reward=%.2f",

@@ -3,13 +3,14 @@ a request and release what is left of its hold. Shared by submit, the lease swee
 
 from __future__ import annotations
 
-from sqlalchemy import bindparam, func, select, update
+from sqlalchemy import bindparam, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.accounts import kudos, limits
 from horde_lite.core.context import Horde
 from horde_lite.core.notify import JobsArrived
 from horde_lite.db.models import AssignmentRecord, Generation, TextRequest, Worker
+from horde_lite.db.rows import Write, write_rows
 from horde_lite.policies.protocols import Outcome
 
 _PROCESSING = select(func.count(Generation.id)).where(
@@ -18,14 +19,9 @@ _PROCESSING = select(func.count(Generation.id)).where(
     Generation.fake.is_(False),
 )  # built once: every submit asks it
 _PROCESSING_BESIDES = _PROCESSING.where(Generation.id != bindparam("besides"))
+# Assignment records are written by Core statements and never loaded as objects by the paths that
+# end jobs, so the ORM has nothing to synchronise.
 _records = AssignmentRecord.__table__
-# Core, built once: assignment records are written by Core statements and never loaded as objects
-# by the paths that end jobs, so the ORM has nothing to synchronise.
-_OUTCOME = (
-    update(_records)
-    .where(_records.c.generation_id == bindparam("job"))
-    .values(outcome=bindparam("ended_as"), ended_at=bindparam("ended"))
-)
 
 
 async def processing_count(session: AsyncSession, request_id: str, *, besides: str | None = None) -> int:
@@ -102,14 +98,24 @@ async def shadow_outcome(
     request: TextRequest,
     outcome: str,
 ) -> None:
+    """`job_ended`, its assignment record's outcome written now."""
+    ended = job_ended(horde, generation, worker, request, outcome)
+    if ended is not None:
+        await write_rows(session, [ended])
+
+
+def job_ended(
+    horde: Horde, generation: Generation, worker: Worker, request: TextRequest, outcome: str
+) -> Write | None:
     """The end of a real job (completed, faulted or aborted), wherever it ends: its assignment
-    record gets the outcome, and an over-capacity job's is reported to the shadow metrics."""
+    record's outcome, for the caller to write in this transaction (None: a fake job, which has no
+    record), and an over-capacity job's outcome reported to the shadow metrics."""
     if generation.fake:
-        return
+        return None
     horde.metrics.job_ended(outcome, request.is_chat)  # every real job's end passes here once
-    await session.execute(_OUTCOME, {"job": generation.id, "ended_as": outcome, "ended": horde.clock.now()})
+    ended = Write(_records, {"outcome": outcome, "ended_at": horde.clock.now()}, generation.id)  # type: ignore[arg-type]
     if not generation.over_capacity_at_assignment:
-        return
+        return ended
     service = None
     if outcome == "completed" and generation.submitted_at is not None:
         service = generation.submitted_at - generation.popped_at
@@ -124,3 +130,4 @@ async def shadow_outcome(
             service_seconds=service,
         ),
     )
+    return ended

@@ -2,9 +2,10 @@
 requester, worker, model and shared key, added to by every settlement in its own transaction and
 kept after the requests and jobs it describes expire.
 
-The write is one INSERT ... ON CONFLICT DO UPDATE that adds to the row, so concurrent settlements
-of one row add up exactly on PostgreSQL; the kudos it adds are the ledger's own amounts (the charge
-and the reward `kudos.charge_job` recorded), so the history and the ledger cannot disagree.
+The write is one INSERT ... ON CONFLICT DO UPDATE that adds to the row (`rows.Write` with `adds`,
+sent with the settlement's other writes), so concurrent settlements of one row add up exactly on
+PostgreSQL; the kudos it adds are the ledger's own amounts (the charge and the reward
+`kudos.charge_job` recorded), so the history and the ledger cannot disagree.
 The reads serve the statistics routes, user records, team statistics, the CLI and the dashboard.
 """
 
@@ -16,39 +17,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from sqlalchemy import ColumnElement, TextClause, bindparam, delete, func, select, text
+from sqlalchemy import ColumnElement, delete, func, select
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from horde_lite.accounts.users import display_name
 from horde_lite.db.models import UsageRecord, User, Worker
+from horde_lite.db.rows import Write
 
 HOUR = 3600
 DAY = 86400
 NO_SHARED_KEY = ""  # the key column's sentinel: a NULL would never conflict, and so never add up
 
 _usage = UsageRecord.__table__
-_KEY = ("hour", "user_id", "worker_id", "model", "shared_key_hash")
+# What a settlement adds to its row (the rest of the row is its key and the worker's owner).
 _SUMS = ("requests", "jobs", "tokens", "kudos_spent", "kudos_earned")
-
-
-_COLUMNS = (*_KEY, "owner_id", *_SUMS)
-
-
-def _upsert() -> TextClause:
-    """INSERT ... ON CONFLICT DO UPDATE, as text both databases take as written: SQLAlchemy's
-    dialect constructs for it have no cache key, so the statement was compiled again at every
-    settlement. Its parameters carry the columns' types."""
-    names = ", ".join(_COLUMNS)
-    params = ", ".join(f":{c}" for c in _COLUMNS)
-    added = ", ".join(f"{c} = {_usage.name}.{c} + excluded.{c}" for c in _SUMS)
-    sql = (
-        f"INSERT INTO {_usage.name} ({names}) VALUES ({params}) "
-        f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET {added}"
-    )
-    return text(sql).bindparams(*(bindparam(c, type_=_usage.c[c].type) for c in _COLUMNS))
-
-
-_ADD = _upsert()  # built once: the statement runs at every settlement
 
 
 def hour_of(at: float) -> int:
@@ -56,8 +38,7 @@ def hour_of(at: float) -> int:
     return int(at // HOUR) * HOUR
 
 
-async def record_settlement(
-    session: AsyncSession,
+def settlement(
     *,
     at: float,
     requester_id: int,
@@ -69,10 +50,11 @@ async def record_settlement(
     tokens: int,
     charged: float,
     rewarded: float,
-) -> None:
-    """Add one settled job to its hour's row: the charge its requester paid, the reward its
-    worker's owner earned, its tokens, and the request itself when this is its first settled job
-    (a request is counted once, by the job that first served it)."""
+) -> Write:
+    """One settled job's addition to its hour's row, for the caller to write with the settlement's
+    other writes (`rows.write_rows`): the charge its requester paid, the reward its worker's owner
+    earned, its tokens, and the request itself when this is its first settled job (a request is
+    counted once, by the job that first served it)."""
     values = {
         "hour": hour_of(at),
         "user_id": requester_id,
@@ -86,7 +68,7 @@ async def record_settlement(
         "kudos_spent": charged,
         "kudos_earned": rewarded,
     }
-    await session.execute(_ADD, values)
+    return Write(_usage, values, adds=_SUMS)  # type: ignore[arg-type]
 
 
 async def trim(session: AsyncSession, now: float, keep_days: int) -> int:

@@ -174,6 +174,35 @@ async def test_a_posts_key_is_judged_before_its_job_and_read_with_it(client: Hor
     assert "FROM text_requests JOIN users" in reads[0], reads
 
 
+async def test_a_stored_submit_counts_its_statements(client: HordeClient, db_url: str) -> None:
+    """The job's request with the poster, the job with its worker, the balances (ascending, before
+    their ledger rows), then every other write of the settlement: the ledger's two rows, the hour's
+    usage row, the assignment record's outcome and the job's three rows, one statement on
+    PostgreSQL. What they store is what separate statements store (SQLite sends them apart)."""
+    owner = await client.user("owner")
+    requester = await client.user("requester", kudos=100)
+    request_id = (await client.create(requester, models=["m-12B"])).json()["id"]
+    job = (await client.pop(owner, "w1", models=["m-12B"])).json()
+    with statements_sent(client.horde.engine) as sent:
+        assert (await client.submit(owner, job["id"], "y" * 39)).status_code == 200  # 10 tokens
+    statements = [s.statement for s in sent if not s.control]
+    assert len(statements) == (4 if is_postgres(db_url) else 9), statements
+    reward = await client.expected_reward(request_id, 10, "m-12B")
+    assert reward > 0
+    assert await client.balance("owner") == reward
+    assert await client.balance("requester") == round(100 - reward - 1, 2)
+    async with client.horde.sessionmaker() as session:
+        ledger = (await session.execute(text("SELECT kind, amount FROM kudos_events WHERE ref = :g"),
+                                        {"g": job["id"]})).all()  # fmt: skip
+        used = (
+            await session.execute(text("SELECT jobs, tokens, kudos_spent, kudos_earned FROM usage_records"))
+        ).one()
+        outcome = (await session.execute(text("SELECT outcome FROM assignment_records"))).scalar_one()
+    assert sorted(ledger) == sorted([("reward", reward), ("charge", -round(reward + 1, 2))])
+    assert tuple(used) == (1, 10, round(reward + 1, 2), reward)
+    assert outcome == "completed"
+
+
 async def test_submit_after_the_lease_lapsed_is_aborted_even_before_the_sweep(client: HordeClient) -> None:
     owner = await client.user("owner")
     request_id = (await client.create(ANON)).json()["id"]

@@ -13,7 +13,16 @@ from sqlalchemy import Table, inspect, select
 from sqlalchemy.orm.attributes import get_history
 
 from horde_lite.accounts.kudos import hold_key
-from horde_lite.db.models import AdmissionRecord, Base, KudosHold, RequestModel, TextRequest, User
+from horde_lite.db.models import (
+    AdmissionRecord,
+    Base,
+    KudosEvent,
+    KudosHold,
+    RequestModel,
+    TextRequest,
+    UsageRecord,
+    User,
+)
 from horde_lite.db.rows import Write, insert_rows, values_of, write_all_changes, write_rows
 from tests.support.horde import HordeClient
 
@@ -126,3 +135,54 @@ async def test_several_writes_together_write_what_their_statements_write(client:
     assert kudos == 50.0
     assert _columns(by_id[written_id]) == _columns(by_id[flushed_id])
     assert sorted(m for r, m in listed if r == written_id) == ["a-7B", "b-13B", "c-1B", "d-1B"]
+
+
+async def test_writes_sent_together_are_compiled_once(client: HordeClient) -> None:
+    """Every statement `write_rows` sends is one SQLAlchemy can cache (a statement without a cache
+    key is compiled again at every execution, and never enters the cache): two rows into one table,
+    an adding insert and an update leave each statement they sent in the connection's cache."""
+    await client.user("owner")
+    compiled: dict[Any, Any] = {}
+    async with client.horde.sessionmaker() as session, session.begin():
+        await session.connection(execution_options={"compiled_cache": compiled})
+        owner = (await session.execute(select(User).where(User.username == "owner"))).scalar_one()
+        before = len(compiled)
+        granted = {"user_id": owner.id, "kind": "grant", "ref": "a", "created_at": 1.0}
+        await write_rows(session, [
+            Write(_events, {**granted, "amount": 1.0}),
+            Write(_events, {**granted, "amount": 2.0}),
+            Write(_usage, _used(owner.id, jobs=1), adds=("jobs", "tokens")),
+            Write(cast(Table, User.__table__), {"kudos": 3.0}, owner.id),
+        ])  # fmt: skip
+    statements = 1 if client.horde.engine.dialect.name == "postgresql" else 3
+    assert len(compiled) - before == statements
+
+
+async def test_an_adding_insert_adds_to_the_row_it_meets(client: HordeClient) -> None:
+    """A `Write` with `adds` inserts its row, or adds those columns to the row of its primary key;
+    alone or beside other writes (one statement on PostgreSQL), the other columns as first written."""
+    await client.user("owner")
+    async with client.horde.sessionmaker() as session, session.begin():
+        owner = (await session.execute(select(User).where(User.username == "owner"))).scalar_one()
+        await write_rows(
+            session, [Write(_usage, _used(owner.id, jobs=1, tokens=10), adds=("jobs", "tokens"))]
+        )
+        await write_rows(session, [
+            Write(_usage, _used(owner.id, jobs=2, tokens=5, owner_id=999), adds=("jobs", "tokens")),
+            Write(cast(Table, User.__table__), {"kudos": 7.0}, owner.id),
+        ])  # fmt: skip
+        await write_rows(session, [Write(_usage, _used(owner.id, jobs=4, tokens=1), adds=("jobs",))])
+    async with client.horde.sessionmaker() as session:
+        row = (await session.execute(select(UsageRecord))).scalar_one()
+        kudos = (await session.execute(select(User.kudos).where(User.id == owner.id))).scalar_one()
+    assert (row.jobs, row.tokens, row.owner_id, kudos) == (7, 15, owner.id, 7.0)
+
+
+_events = cast(Table, KudosEvent.__table__)
+_usage = cast(Table, UsageRecord.__table__)
+
+
+def _used(user_id: int, *, jobs: int, tokens: int = 0, owner_id: int | None = None) -> dict[str, Any]:
+    return {"hour": 3600, "user_id": user_id, "worker_id": "w", "model": "m", "shared_key_hash": "",
+            "owner_id": owner_id or user_id, "requests": 0, "jobs": jobs, "tokens": tokens,
+            "kudos_spent": 0.0, "kudos_earned": 0.0}  # fmt: skip
