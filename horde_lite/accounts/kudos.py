@@ -14,7 +14,7 @@ from sqlalchemy.orm.attributes import set_committed_value
 from sqlalchemy.orm.util import identity_key
 
 from horde_lite.db.models import KudosEvent, KudosHold, SharedKey, TextRequest, User
-from horde_lite.db.rows import Write, insert_rows, write_rows
+from horde_lite.db.rows import Write, write_rows
 from horde_lite.settings import KudosSettings
 
 
@@ -108,8 +108,7 @@ async def _move(session: AsyncSession, moves: list[tuple[int, float]]) -> None:
             set_committed_value(user, "kudos", user.kudos + amount)
 
 
-async def place_hold(
-    session: AsyncSession,
+def new_hold(
     user_id: int,
     request_id: str,
     amount: float,
@@ -117,24 +116,20 @@ async def place_hold(
     *,
     shared_key_hash: str | None = None,
     reserves_user: bool = True,
-) -> None:
-    """Reserve `amount` for a request: of the user's kudos (a funded request) and, for a request
-    made through a shared key, of that key's budget (free requests too)."""
-    await insert_rows(
-        session,
-        [
-            KudosHold(
-                key=hold_key(request_id),
-                user_id=user_id,
-                request_id=request_id,
-                amount=amount,
-                remaining=amount,
-                active=True,
-                created_at=now,
-                shared_key_hash=shared_key_hash,
-                reserves_user=reserves_user,
-            )
-        ],
+) -> KudosHold:
+    """The hold that reserves `amount` for a request, for admission to insert with the request: of
+    the user's kudos (a funded request) and, for a request made through a shared key, of that key's
+    budget (free requests too)."""
+    return KudosHold(
+        key=hold_key(request_id),
+        user_id=user_id,
+        request_id=request_id,
+        amount=amount,
+        remaining=amount,
+        active=True,
+        created_at=now,
+        shared_key_hash=shared_key_hash,
+        reserves_user=reserves_user,
     )
 
 
@@ -177,7 +172,7 @@ async def release_hold(session: AsyncSession, request_id: str) -> None:
     update costs more in Python than its round trip). A hold the session has loaded (consumed in this
     transaction) is written first and then told its new values, as the ORM's update would: its
     pending change is never written over the release. Holds are placed with Core inserts
-    (`place_hold`), so none is ever pending in the session."""
+    (`new_hold`, inserted by admission's Core insert), so none is ever pending in the session."""
     if _known_holdless(session, request_id):
         return
     key = hold_key(request_id)

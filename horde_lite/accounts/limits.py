@@ -27,7 +27,6 @@ from sqlalchemy.orm.attributes import set_committed_value
 
 from horde_lite.core.errors import HordeError
 from horde_lite.db.models import Generation, LimitAdmission, SharedKey, TextRequest, User
-from horde_lite.db.rows import insert_rows
 from horde_lite.inputs import ALLOWED_MODEL_NAME
 from horde_lite.rc import Rc
 
@@ -259,7 +258,7 @@ async def check(
 ) -> bool:
     """Refuse a request past any limit of its user or its shared key (the key's first). Called with
     the users row (and the key's row) locked. True when the request must be written down
-    (`note_admission`) for a rate or daily limit."""
+    (`admission_note`) for a rate or daily limit."""
     holders: list[tuple[Limits, str | None]] = [(user_limits(requester.user, settings), None)]
     if requester.shared_key is not None:
         holders.insert(0, (key_limits(requester.shared_key), requester.shared_key.key_hash))
@@ -271,21 +270,16 @@ async def check(
     return any(limits.counted for limits, _ in holders)
 
 
-async def note_admission(
-    session: AsyncSession, requester: Requester, request_id: str, tokens: int, now: float
-) -> None:
+def admission_note(requester: Requester, request_id: str, tokens: int, now: float) -> LimitAdmission:
+    """The row that writes a request down for its user's and key's rate and daily limits, for
+    admission to insert with the request."""
     shared = requester.shared_key
-    await insert_rows(
-        session,
-        [
-            LimitAdmission(
-                request_id=request_id,
-                user_id=requester.user.id,
-                shared_key_hash=shared.key_hash if shared else None,
-                created_at=now,
-                tokens=tokens,
-            )
-        ],
+    return LimitAdmission(
+        request_id=request_id,
+        user_id=requester.user.id,
+        shared_key_hash=shared.key_hash if shared else None,
+        created_at=now,
+        tokens=tokens,
     )
 
 

@@ -14,6 +14,7 @@ Waiting pops (jobs/pop_waiters.py) are woken the same way when jobs may have bec
 (`jobs_on_commit`: a request admitted, a job given back): in process after the commit, across
 processes by `NOTIFY horde_lite_jobs` on the same LISTEN connection, its payload carrying what the
 wake needs (the request's models and its number of jobs), so other processes wake selectively too.
+The NOTIFY goes at commit, or earlier with a step's writes, in their statement (`jobs_notice`).
 """
 
 from __future__ import annotations
@@ -34,16 +35,22 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm import Session
 
+from horde_lite.db.rows import After
+
 log = logging.getLogger("horde_lite.notify")
 
 CHANNEL = "horde_lite_requests"
 JOBS_CHANNEL = "horde_lite_jobs"
 _PENDING = "horde_lite.notify_on_commit"
 _PENDING_JOBS = "horde_lite.jobs_on_commit"
+_SENT_JOBS = "horde_lite.jobs_sent"  # how many of each notifier's pending jobs were sent already
 _NOTIFY = text("SELECT pg_notify(:channel, :payload)")
 # The jobs channel's own statement, one for a transaction's every payload (a sweep may give back
-# hundreds of jobs in one); its own text, so a statement log tells the two channels apart.
-_NOTIFY_JOBS = text(f"SELECT pg_notify('{JOBS_CHANNEL}', p) FROM unnest(CAST(:payloads AS text[])) AS p")
+# hundreds of jobs in one); its own text, so a statement log tells the two channels apart. A
+# textual SELECT, so that a step's writes can be sent as its CTEs (`rows.write_rows`).
+_NOTIFY_JOBS = text(
+    f"SELECT pg_notify('{JOBS_CHANNEL}', p) FROM unnest(CAST(:payloads AS text[])) AS p"
+).columns()
 # PostgreSQL refuses a payload of 8000 bytes or more: a longer models list is sent as none (any
 # model), which wakes the same number of waiters, only less selectively.
 _JOBS_PAYLOAD_MOST = 7000
@@ -121,8 +128,27 @@ class Notifier:
         pending: dict[Notifier, list[JobsArrived]] = session.info.setdefault(_PENDING_JOBS, {})
         pending.setdefault(self, []).append(arrived)
 
+    def jobs_notice(self, session: AsyncSession) -> After | None:
+        """The jobs this transaction has announced so far (`jobs_on_commit`), as a NOTIFY for the
+        caller to send now, with its writes (`rows.write_rows`: one statement on PostgreSQL): the
+        commit then sends only what is announced later. PostgreSQL delivers it at commit all the
+        same, and drops it on rollback. None when there is nothing to send, or off PostgreSQL; the
+        wake-ups in this process still come at commit."""
+        arrived = session.info.get(_PENDING_JOBS, {}).get(self)
+        sent: dict[Notifier, int] = session.info.setdefault(_SENT_JOBS, {})
+        unsent = (arrived or [])[sent.get(self, 0) :]
+        if not unsent or session.get_bind().dialect.name != "postgresql":
+            return None
+        sent[self] = len(arrived or [])
+        return After(_NOTIFY_JOBS, self._jobs_params(unsent))
+
+    def _jobs_params(self, arrived: list[JobsArrived]) -> dict[str, Any]:
+        return {"payloads": [one.payload(self.token) for one in arrived]}
+
     def _publish_jobs(self, session: Session, arrived: list[JobsArrived]) -> None:
-        session.execute(_NOTIFY_JOBS, {"payloads": [one.payload(self.token) for one in arrived]})
+        unsent = arrived[session.info.get(_SENT_JOBS, {}).get(self, 0) :]
+        if unsent:
+            session.execute(_NOTIFY_JOBS, self._jobs_params(unsent))
 
     def jobs_arrived(self, arrived: JobsArrived, *, remote: bool) -> None:
         if self.on_jobs is not None and arrived.jobs > 0:
@@ -176,6 +202,7 @@ def _wake_pending(session: Session) -> None:
         for key in keys:
             notifier.notify(key)
     jobs: dict[Notifier, list[JobsArrived]] | None = session.info.pop(_PENDING_JOBS, None)
+    session.info.pop(_SENT_JOBS, None)
     for notifier, arrived in (jobs or {}).items():
         for one in arrived:
             notifier.jobs_arrived(one, remote=False)
@@ -185,6 +212,7 @@ def _wake_pending(session: Session) -> None:
 def _drop_pending(session: Session) -> None:
     session.info.pop(_PENDING, None)
     session.info.pop(_PENDING_JOBS, None)
+    session.info.pop(_SENT_JOBS, None)
 
 
 class PgListener:

@@ -12,7 +12,19 @@ from functools import cache
 from itertools import groupby
 from typing import Any, cast
 
-from sqlalchemy import Insert, Table, TextClause, Update, bindparam, insert, inspect, text, update
+from sqlalchemy import (
+    Executable,
+    Insert,
+    Table,
+    TextClause,
+    TextualSelect,
+    Update,
+    bindparam,
+    insert,
+    inspect,
+    text,
+    update,
+)
 from sqlalchemy.ext.asyncio import AsyncSession
 from sqlalchemy.orm.attributes import get_history, set_committed_value
 
@@ -28,14 +40,15 @@ def values_of(row: Base) -> dict[str, Any]:
     }
 
 
-async def insert_rows(session: AsyncSession, rows: Iterable[Base]) -> None:
+async def insert_rows(session: AsyncSession, rows: Iterable[Base], *, after: After | None = None) -> None:
     """Insert `rows` in the order their tables first appear, the rows of a table given the same
-    columns together (`write_rows`: one statement on PostgreSQL, else an executemany each)."""
+    columns together (`write_rows`: one statement on PostgreSQL, else an executemany each), then
+    send `after`."""
     batches: dict[tuple[Table, frozenset[str]], list[Write]] = {}
     for row in rows:
         write = Write(cast(Table, row.__table__), values_of(row))
         batches.setdefault((write.table, frozenset(write.values)), []).append(write)
-    await write_rows(session, [write for batch in batches.values() for write in batch])
+    await write_rows(session, [write for batch in batches.values() for write in batch], after=after)
 
 
 @cache
@@ -96,6 +109,15 @@ def _statement(table: Table, columns: frozenset[str], updates: bool, prefix: str
     return update(table).where(key == bindparam(f"{prefix}_pk", type_=key.type)).values(values)
 
 
+@dataclass(frozen=True, slots=True)
+class After:
+    """A statement that reads nothing back, sent after a step's writes (`write_rows`); on
+    PostgreSQL the one statement they are CTEs of (the jobs' NOTIFY: core/notify.py)."""
+
+    statement: TextualSelect  # built once: its text is part of the combined statement's cache key
+    params: dict[str, Any]
+
+
 # The most writes sent as one statement: each sequence of shapes is a statement text of its own,
 # which asyncpg prepares anew and caches beside the hot path's statements. Each row is a part of its
 # own: SQLAlchemy gives a multi-row VALUES no cache key, so it would be compiled at every execution.
@@ -104,11 +126,12 @@ _Shape = tuple[Table, frozenset[str], bool, tuple[str, ...]]
 
 
 @cache
-def _together(shapes: tuple[_Shape, ...]) -> Insert | Update:
+def _together(shapes: tuple[_Shape, ...], after: TextualSelect | None) -> Executable:
     """Several rows' writes as one statement on PostgreSQL (`write_rows`), built once per sequence
-    of shapes: the last plain INSERT or UPDATE the statement, every other write a data-modifying CTE
-    of it (where a write stands in the statement changes nothing: all run as one statement)."""
-    main = max(i for i, (*_, adds) in enumerate(shapes) if not adds)
+    of shapes: `after`, or else the last plain INSERT or UPDATE, the statement, every other write a
+    data-modifying CTE of it (where a write stands in the statement changes nothing: all run as one
+    statement)."""
+    main = -1 if after is not None else max(i for i, (*_, adds) in enumerate(shapes) if not adds)
     ctes = []
     for i, (table, columns, updates, adds) in enumerate(shapes):
         if i == main:
@@ -117,6 +140,8 @@ def _together(shapes: tuple[_Shape, ...]) -> Insert | Update:
             ctes.append(_adding(table, columns, adds, f"u{i}").columns().cte(f"u{i}"))
         else:
             ctes.append(_statement(table, columns, updates, f"u{i}").cte(f"u{i}"))
+    if after is not None:
+        return after.add_cte(*ctes)
     table, columns, updates, _adds = shapes[main]
     return _statement(table, columns, updates, f"u{main}").add_cte(*ctes)
 
@@ -143,19 +168,21 @@ def _named(prefix: str, values: dict[str, Any]) -> dict[str, Any]:
     return {f"{prefix}_{column}": value for column, value in values.items()}
 
 
-async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
-    """Send `writes` in their order; on PostgreSQL as one statement (a round trip costs the server
-    more CPU than a statement's Python), each write a data-modifying CTE of it, when there are at
-    most `WRITES_TOGETHER` and one of them is a plain insert or update. The rows updated must be
-    locked already (or SQLite's one writer held), and no row written twice: the parts of one
-    statement do not see each other's writes (PostgreSQL checks foreign keys and runs the after-row
-    triggers these tables have at the statement's end, so a row may refer to one inserted beside
-    it). Otherwise each run of writes of one shape is one statement (an executemany)."""
+async def write_rows(session: AsyncSession, writes: Sequence[Write], *, after: After | None = None) -> None:
+    """Send `writes` in their order, then `after`; on PostgreSQL as one statement (a round trip
+    costs the server more CPU than a statement's Python), each write a data-modifying CTE of it,
+    when there are at most `WRITES_TOGETHER` writes and `after` or a plain insert or update to be
+    the statement. The rows updated must be locked already (or SQLite's one writer held), and no row
+    written twice: the parts of one statement do not see each other's writes (PostgreSQL checks
+    foreign keys and runs the after-row triggers these tables have at the statement's end, so a row
+    may refer to one inserted beside it). Otherwise each run of writes of one shape is one statement
+    (an executemany), and `after` one more."""
     conn = await session.connection()
     if (
-        1 < len(writes) <= WRITES_TOGETHER
+        len(writes) + (after is not None) > 1
+        and len(writes) <= WRITES_TOGETHER
         and conn.dialect.name == "postgresql"
-        and any(not w.adds for w in writes)
+        and (after is not None or any(not w.adds for w in writes))
     ):
         given = [_given_defaults(w) for w in writes]
         params: dict[str, Any] = {}
@@ -163,7 +190,10 @@ async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
             params |= _named(f"u{i}", w.values)
             if w.key is not None:
                 params[f"u{i}_pk"] = w.key
-        await conn.execute(_together(tuple(w.shape() for w in given)), params)
+        if after is not None:
+            params |= after.params
+        shapes = tuple(w.shape() for w in given)
+        await conn.execute(_together(shapes, None if after is None else after.statement), params)
         return
     for shape, group in groupby(writes, Write.shape):
         table, columns, updates, adds = shape
@@ -174,6 +204,8 @@ async def write_rows(session: AsyncSession, writes: Sequence[Write]) -> None:
             await conn.execute(_update_of(table, columns), keyed)
         else:  # the rows of a table given the same columns in one executemany, as `insert_rows`
             await conn.execute(_insert_into(table), [w.values for w in group])
+    if after is not None:
+        await conn.execute(after.statement, after.params)
 
 
 def changes(row: Base, keys: Iterable[str]) -> tuple[Write, dict[str, Any]] | None:

@@ -22,12 +22,14 @@ from horde_lite.core.notify import JobsArrived
 from horde_lite.db.models import (
     AdmissionRecord,
     CandidateRecord,
+    KudosHold,
+    LimitAdmission,
     RequestModel,
     TextRequest,
     Worker,
     WorkerModel,
 )
-from horde_lite.db.rows import insert_rows
+from horde_lite.db.rows import After, insert_rows
 from horde_lite.filters import screen
 from horde_lite.inputs import ChatPayload, TextRequestInput
 from horde_lite.metrics import allowance_attributes, wait_attributes
@@ -472,14 +474,17 @@ def _new_row(settings: Settings, spec: AdmissionSpec, now: float) -> TextRequest
 
 
 async def _insert(
-    session: AsyncSession, row: TextRequest, records: list[AdmissionRecord | CandidateRecord]
+    session: AsyncSession,
+    row: TextRequest,
+    written: list[AdmissionRecord | CandidateRecord | LimitAdmission | KudosHold],
+    notice: After | None,
 ) -> None:
-    """Queue the admitted request: its row and its models, with its decision's `records`, as Core
-    inserts (`insert_rows`: one statement on PostgreSQL): nothing reads them back as objects in
-    this transaction. The row's triggers enter it in the queue's index with the workers its
-    deny-list refuses."""
+    """Queue the admitted request: its row and its models, with what its decision writes (its
+    records, its limits' note, its hold), as Core inserts, and then `notice` (`insert_rows`: one
+    statement on PostgreSQL): nothing reads them back as objects in this transaction. The row's
+    triggers enter it in the queue's index with the workers its deny-list refuses."""
     models = (RequestModel(request_id=row.id, model=m) for m in row.models)
-    await insert_rows(session, [row, *models, *records])
+    await insert_rows(session, [row, *models, *written], after=notice)
 
 
 async def admit(
@@ -520,19 +525,23 @@ async def admit(
             None, now, cost, judged.outcome, judged.allowance, judged.max_length, read.estimate,
             adjustments, warnings,
         )  # fmt: skip
-    await _insert(session, row, _records(in_force.policies.names, spec, judged, read, row.id, now))
-    # Waiting pops that may take its jobs try again once it commits (jobs/pop_waiters.py).
+    written: list[AdmissionRecord | CandidateRecord | LimitAdmission | KudosHold] = [
+        *_records(in_force.policies.names, spec, judged, read, row.id, now)
+    ]
+    if counted:
+        written.append(limits.admission_note(spec.requester, row.id, reserved, now))
+    shared = spec.requester.shared_key
+    if judged.holds(shared is not None):
+        written.append(kudos.new_hold(
+            spec.requester.user.id, row.id, cost, now,
+            shared_key_hash=shared.key_hash if shared else None, reserves_user=judged.reserves_user,
+        ))  # fmt: skip
+    # Waiting pops that may take its jobs try again once it commits (jobs/pop_waiters.py); other
+    # processes' are told by a NOTIFY sent with the writes.
     horde.notifier.jobs_on_commit(
         session, JobsArrived.of_request(row.id, row.any_model, row.models, row.n_remaining)
     )
-    if counted:
-        await limits.note_admission(session, spec.requester, row.id, reserved, now)
-    shared = spec.requester.shared_key
-    if judged.holds(shared is not None):
-        await kudos.place_hold(
-            session, spec.requester.user.id, row.id, cost, now,
-            shared_key_hash=shared.key_hash if shared else None, reserves_user=judged.reserves_user,
-        )  # fmt: skip
+    await _insert(session, row, written, horde.notifier.jobs_notice(session))
     _count_decision(horde, spec, judged, read)
     log.info(
         "request admitted request=%s requester=%s outcome=%s max_length=%d allowance=%d chat=%s",

@@ -42,6 +42,7 @@ from sqlalchemy import select, update
 from horde_lite.accounts import kudos as ledger
 from horde_lite.clock import ManualClock
 from horde_lite.db.models import Generation, TextRequest, UsageRecord, User
+from horde_lite.db.rows import insert_rows
 from tests.conftest import is_postgres, make_settings, truncate_pg
 from tests.support.chat import CHAT_BLOCK, MODEL, Chat, open_chat
 from tests.support.horde import ANON, HordeClient
@@ -422,7 +423,7 @@ async def test_the_checker_sees_planted_faults(client: HordeClient) -> None:
     async with horde.sessionmaker() as session, session.begin():
         request = (await session.execute(select(TextRequest))).scalar_one()
         await session.execute(update(User).where(User.username == "alice").values(kudos=User.kudos + 1))
-        await ledger.place_hold(session, request.user_id, request.id, 5.0, client.clock.now())
+        await insert_rows(session, [ledger.new_hold(request.user_id, request.id, 5.0, client.clock.now())])
         await ledger.record(session, request.user_id, -2.0, "charge", gen_id, client.clock.now())
         worker_id = (await session.execute(select(Generation.worker_id))).scalars().first()
         now = client.clock.now()

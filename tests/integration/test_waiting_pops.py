@@ -6,8 +6,9 @@ need, claims nothing for a client that has gone, and upstream's pop is answered 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pytest
 from sqlalchemy import func, select
 
 from horde_lite.clock import ManualClock
-from horde_lite.core.notify import JobsArrived
+from horde_lite.core.notify import JOBS_CHANNEL, JobsArrived
 from horde_lite.db.models import Generation, Worker
 from horde_lite.demo.server import make_users
 from horde_lite.jobs.pop_waiters import MARGIN
@@ -26,6 +27,7 @@ from tests.support import prom
 from tests.support.apps import app_for
 from tests.support.horde import ANON, HordeClient
 from tests.support.server import served
+from tests.support.statements import statements_sent
 from tests.support.worker_rig import MODEL, running, sqlite_rig
 
 POP = "/api/v2/generate/text/pop"
@@ -238,6 +240,99 @@ async def _waiting_on(base: str, count: int, within: float = PATIENCE) -> None:
                 return
             assert time.monotonic() < deadline, f"never {count} waiting pop(s) on {base}"
             await asyncio.sleep(0.05)
+
+
+async def test_a_creations_writes_and_its_notify_are_one_statement(client: HordeClient, db_url: str) -> None:
+    """PostgreSQL: a funded request under a rate limit is written (the request, its model, its
+    records, its limit's note, its hold) in one statement, which also sends its jobs' NOTIFY, heard
+    once by a listener; SQLite has no NOTIFY and writes the same rows."""
+    mod = await client.user("mod", moderator=True)
+    rich = await client.user("rich", kudos=1000)
+    found = await client.http.get("/api/v2/find_user", headers={"apikey": rich})
+    limited = await client.http.put(
+        f"/api/v2/users/{found.json()['id']}", json={"requests_per_minute": 10}, headers={"apikey": mod}
+    )
+    assert limited.status_code == 200, limited.text
+    heard: list[str] = []
+    async with _jobs_listener(db_url, heard):
+        with statements_sent(client.horde.engine) as sent:
+            created = await client.create(rich, models=["m-12B"], slow_workers=False, params={"n": 2})
+        assert created.status_code == 202, created.text
+        request_id = created.json()["id"]
+        if is_postgres(db_url):
+            await until(lambda: bool(heard), "the creation's NOTIFY")
+    writes = [
+        s.statement
+        for s in sent
+        if ("INSERT INTO" in s.statement or "pg_notify" in s.statement) and "rate_counts" not in s.statement
+    ]  # the address's rate-limit count is written before the route runs
+    for table in ("text_requests", "request_models", "admission_records", "limit_admissions", "kudos_holds"):
+        assert [w for w in writes if f"INSERT INTO {table} " in w], (table, writes)
+    if is_postgres(db_url):
+        assert len(writes) == 1, writes
+        assert "pg_notify" in writes[0], writes
+        assert [JobsArrived.parse(h.partition(":")[2]) for h in heard] == [
+            JobsArrived(request_id, ("m-12B",), 2)
+        ]
+    else:
+        assert not [w for w in writes if "pg_notify" in w]
+
+
+async def test_jobs_announced_after_a_notice_go_at_commit(client: HordeClient, db_url: str) -> None:
+    """`Notifier.jobs_notice` takes what the transaction announced so far; a job announced after it
+    is sent at commit: each once. Nothing at all without the commit."""
+    if not is_postgres(db_url):
+        pytest.skip("NOTIFY is PostgreSQL's")
+    notifier = client.horde.notifier
+    first, second = JobsArrived("r-1", ("m",), 1), JobsArrived("r-2", (), 3)
+    heard: list[str] = []
+    async with _jobs_listener(db_url, heard):
+        async with client.horde.sessionmaker() as session, session.begin():
+            notifier.jobs_on_commit(session, first)
+            notice = notifier.jobs_notice(session)
+            assert notice is not None
+            await session.execute(notice.statement, notice.params)
+            assert notifier.jobs_notice(session) is None  # nothing new since
+            notifier.jobs_on_commit(session, second)
+        with pytest.raises(_RolledBack):
+            await _announced_then_rolled_back(client, JobsArrived("r-3", (), 1))
+        await until(lambda: len(heard) >= 2, "both announcements")
+        await asyncio.sleep(0.3)  # room for a duplicate or the rolled-back one to arrive
+    assert [JobsArrived.parse(h.partition(":")[2]) for h in heard] == [first, second]
+
+
+class _RolledBack(Exception):
+    pass
+
+
+async def _announced_then_rolled_back(client: HordeClient, arrived: JobsArrived) -> None:
+    async with client.horde.sessionmaker() as session, session.begin():
+        client.horde.notifier.jobs_on_commit(session, arrived)
+        notice = client.horde.notifier.jobs_notice(session)
+        assert notice is not None
+        await session.execute(notice.statement, notice.params)
+        raise _RolledBack
+
+
+@contextlib.asynccontextmanager
+async def _jobs_listener(db_url: str, heard: list[str]) -> AsyncIterator[None]:
+    """A LISTEN of our own on the jobs channel (PostgreSQL; nothing elsewhere), its payloads in
+    `heard`."""
+    if not is_postgres(db_url):
+        yield
+        return
+    import asyncpg
+    from sqlalchemy.engine import make_url
+
+    url = make_url(db_url)
+    conn = await asyncpg.connect(
+        host=url.host, port=url.port or 5432, user=url.username, database=url.database
+    )
+    try:
+        await conn.add_listener(JOBS_CHANNEL, lambda *args: heard.append(args[-1]))
+        yield
+    finally:
+        await conn.close()
 
 
 @pytest.mark.slow
