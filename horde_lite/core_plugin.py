@@ -100,8 +100,9 @@ class HordeLitePlugin(InitPluginProtocol, CLIPluginProtocol):
         listener = start_listener(horde.notifier, database.listener_url)  # wake-ups from other processes
         if pgbouncer and database.listener_url is None:
             log.warning("[database] pgbouncer without listen_url: no LISTEN connection, so waiters see "
-                        "other processes' changes within [chat] poll_seconds (%g s) and every idle "
-                        "poll reads the database", self.settings.chat.poll_seconds)  # fmt: skip
+                        "other processes' changes within [chat] poll_seconds (%g s), and waiting and "
+                        "idle pops their jobs within [pops] wait_poll_seconds (%g s)",
+                        self.settings.chat.poll_seconds, self.settings.pops.wait_poll_seconds)  # fmt: skip
         freeze_startup_objects()  # no long full collections under load (horde_lite/heap.py)
         try:
             yield

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Hashable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
@@ -64,6 +64,7 @@ class Horde:
     idle_answers: IdleAnswers = field(init=False, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
+    _channel_open: Callable[[], bool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mirror is None:
@@ -77,18 +78,26 @@ class Horde:
             """Another process's wake-ups reach this one now (its LISTEN connection is up)."""
             return not sqlite and self.notifier.listening.is_set()
 
+        self._channel_open = channel_open
+
+        self.idle_answers = IdleAnswers(self.settings.pops.idle_answer_seconds, heard=self._heard)
         self.pop_waiters = PopWaiters(
             self.metrics,
             self.settings.pops.wait_poll_seconds,
             changed=lambda last: changed_requests(self.reading, last),
             channel_open=channel_open,
-        )
-        self.idle_answers = IdleAnswers(
-            self.settings.pops.idle_answer_seconds,
-            listens=lambda: self.notifier.listens if channel_open() else None,
+            told=self.idle_answers.jobs_arrived,
         )
         self.notifier.on_jobs = self._jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
+
+    def _heard(self) -> Hashable | None:
+        """What tells this process of other processes' new jobs now, for the idle answers: its
+        LISTEN connection, else the waiting pops' watcher (kept checking while answers are used)."""
+        if self._channel_open():
+            return ("listen", self.notifier.listens)
+        watcher = self.pop_waiters.watched(self.settings.pops.idle_answer_seconds)
+        return None if watcher is None else ("watch", watcher)
 
     def _jobs_arrived(self, arrived: JobsArrived, remote: bool) -> None:
         # The remembered answers first: a woken pop must not be answered from them.

@@ -15,17 +15,19 @@ its whole body) until the first of:
   the worker at most that much later, as an empty answer where something else was due: never a
   job lost or handed twice, since a job is only ever handed out by the database's claim.
 
-Only while this process hears other processes' wake-ups (its LISTEN connection, PostgreSQL) and
-has heard them without a break since the answer was read: elsewhere (SQLite, whose processes may
-share a file; PgBouncer without `listen_url`) nothing is remembered. A wake-up that comes while
-the look's statement runs makes its answer stale before it is first used: the mark is taken before
-the statement (`mark`).
+Only while something tells this process of other processes' new jobs, without a break since the
+answer was read: its LISTEN connection (PostgreSQL), or else the waiting pops' watcher, which reads
+the change log every `[pops] wait_poll_seconds` (SQLite, whose processes may share a file;
+PostgreSQL while its listener is down or through PgBouncer without `listen_url`). What the watcher
+tells reaches the answers that much later; this process's own commits end them at once. A wake-up
+that comes while the look's statement runs makes its answer stale before it is first used: the
+mark is taken before the statement (`mark`).
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -49,7 +51,7 @@ def key_of(apikey: str | None, address: str | None, body: bytes) -> Key:
 class Mark:
     """Where the wake-ups stood before a look read the database."""
 
-    listens: int  # the LISTEN connection's generation (`Notifier.listens`)
+    heard: Hashable  # what told this process of other processes' jobs then (`IdleAnswers` `heard`)
     every: int  # wake-ups for any model, and resets
     models: tuple[tuple[str, int], ...]  # wake-ups per model of the pop
 
@@ -67,12 +69,13 @@ class Remembered:
 
 class IdleAnswers:
     """This process's remembered idle answers (held on the `Horde`). `seconds`: the longest one is
-    used (0: never); `listens`: the LISTEN connection's generation while it listens, else None;
-    `most`: answers held at once (the oldest goes first)."""
+    used (0: never); `heard`: what tells this process of other processes' jobs now, as a value that
+    changes whenever it may have missed some (the LISTEN connection's generation, or the watcher's),
+    else None; `most`: answers held at once (the oldest goes first)."""
 
-    def __init__(self, seconds: float, listens: Callable[[], int | None], most: int = 10_000) -> None:
+    def __init__(self, seconds: float, heard: Callable[[], Hashable | None], most: int = 10_000) -> None:
         self.seconds = seconds
-        self._listens = listens
+        self._heard = heard
         self._most = most
         self._answers: dict[Key, Remembered] = {}
         self._every = 0
@@ -93,11 +96,13 @@ class IdleAnswers:
 
     def mark(self, models: Iterable[str]) -> Mark | None:
         """Before a look's statement; None: nothing may be remembered now."""
-        listens = self._listens()
         named = sorted(set(models))
-        if self.seconds <= 0 or listens is None or len(named) > MODELS_MOST:
+        if self.seconds <= 0 or len(named) > MODELS_MOST:
             return None
-        return Mark(listens, self._every, tuple((m, self._models.get(m, 0)) for m in named))
+        heard = self._heard()
+        if heard is None:
+            return None
+        return Mark(heard, self._every, tuple((m, self._models.get(m, 0)) for m in named))
 
     def remember(self, key: Key, remembered: Remembered) -> None:
         if self._answers.pop(key, None) is None and len(self._answers) >= self._most:
@@ -125,6 +130,6 @@ class IdleAnswers:
             and found.policies is policies
             and found.modes is modes
             and mark.every == self._every
-            and mark.listens == self._listens()
+            and mark.heard == self._heard()
             and all(self._models.get(model, 0) == seen for model, seen in mark.models)
         )

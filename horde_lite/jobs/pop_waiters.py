@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -48,6 +49,8 @@ MARGIN = 2
 # Requests changed between two checks of the watcher read at most: past it the check wakes every
 # waiter once instead (many changes at once: most waiters may have a job).
 WATCH_ROWS = 200
+# The watcher's task: it reads the change log every `poll_seconds` of real time.
+WATCH_TASK = "horde_lite-pop-watch"
 
 
 @dataclass(eq=False, slots=True)
@@ -103,15 +106,20 @@ class PopWaiters:
         poll_seconds: float,
         changed: ChangedRequests | None = None,
         channel_open: Callable[[], bool] = lambda: False,
+        told: Callable[[Sequence[str]], None] = lambda models: None,
     ) -> None:
         self.metrics = metrics
         self.poll_seconds = poll_seconds
         self._changed = changed  # the watcher's read (None: no watcher)
         self._channel_open = channel_open  # a cross-process channel tells this process now
+        self._told = told  # what the watcher found, for the idle answers: a request's models (none: any)
         self._waiters: dict[int, Waiter] = {}  # in the order they entered: the longest-waiting first
         self._ids = itertools.count(1)
         self._watcher: asyncio.Task[None] | None = None
         self._watching = asyncio.Event()  # the watcher has read where the change log stands
+        self._watches = 0  # watchers started: one started anew may have missed changes meanwhile
+        self._read_failed = False  # the watcher's last read failed: it tells nothing now
+        self._kept_until = -math.inf  # monotonic: the idle answers want the watcher until then
         self._woke_lately: dict[str, float] = {}  # request id -> when this process woke for it
         self._counted = 0
 
@@ -124,10 +132,28 @@ class PopWaiters:
     def enter(self, models: Iterable[str]) -> Waiter:
         waiter = Waiter(next(self._ids), frozenset(models))
         self._waiters[waiter.id] = waiter
-        if self._changed is not None and (self._watcher is None or self._watcher.done()):
-            self._watching = asyncio.Event()
-            self._watcher = asyncio.create_task(self._watch(), name="horde_lite-pop-watch")
+        self._start_watcher()
         return waiter
+
+    def _start_watcher(self) -> None:
+        if self._changed is not None and (self._watcher is None or self._watcher.done()):
+            self._watches += 1
+            self._read_failed = False
+            self._watching = asyncio.Event()
+            self._watcher = asyncio.create_task(self._watch(), name=WATCH_TASK)
+
+    def watched(self, seconds: float) -> int | None:
+        """For the idle answers, where no channel tells: keep the watcher checking the change log
+        for `seconds` more (starting it when it is not running). Which watcher tells this process
+        of other processes' new jobs now, once it has read where the change log stands and while its
+        reads succeed, else None (nothing tells yet: nothing may be remembered)."""
+        if self._changed is None:
+            return None
+        self._kept_until = max(self._kept_until, time.monotonic() + seconds)
+        self._start_watcher()
+        if not self._watching.is_set() or self._read_failed:
+            return None
+        return self._watches
 
     async def watching(self) -> None:
         """Return once the watcher has read where the change log stands: a pop's first try after
@@ -251,7 +277,7 @@ class PopWaiters:
         assert self._changed is not None
         last: int | None = None
         first = True
-        while self._waiters:
+        while self._waiters or time.monotonic() < self._kept_until:
             if not first:
                 await asyncio.sleep(self.poll_seconds)
             horizon = time.monotonic() - 2 * self.poll_seconds - 1
@@ -264,8 +290,10 @@ class PopWaiters:
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # the database is busy or away: the pops' bounds still end them
+                    self._read_failed = True
                     log.warning("waiting pops: the check for new jobs failed: %s", e)
                 else:
+                    self._read_failed = False
                     self._wake_changed(arrived)
             if first:
                 first = False
@@ -274,10 +302,12 @@ class PopWaiters:
 
     def _wake_changed(self, arrived: list[JobsArrived] | None) -> None:
         if arrived is None:
+            self._told(())
             self.wake_all("poll")
             return
         for one in arrived:
             if one.request_id not in self._woke_lately:
+                self._told(one.models)
                 self.wake(one.models, one.jobs, "poll", one.request_id)
 
     async def stop(self) -> None:

@@ -11,8 +11,9 @@ from typing import Any
 from sqlalchemy import event
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from horde_lite.jobs import pop_waiters
+from horde_lite.operators import policy_state
 from horde_lite.operators.ip_timeouts import POLL_TASK
-from horde_lite.operators.policy_state import WATCH_TASK
 
 _CONTROL = ("BEGIN", "COMMIT", "SAVEPOINT", "RELEASE")
 
@@ -29,10 +30,11 @@ class Sent:
 
 
 # The app's timer-driven reads, in tasks of their own: the policy watch (every `[policies]
-# reload_seconds` of real time) and the address timeouts' poll (started by a call's check once its
-# copy is that old, run beside the call). They fall whenever the real clock says, never as part of
-# what a test does.
-_TIMED = frozenset({WATCH_TASK, POLL_TASK})
+# reload_seconds` of real time), the address timeouts' poll (started by a call's check once its
+# copy is that old, run beside the call) and the waiting pops' watcher (every `[pops]
+# wait_poll_seconds`, while pops wait or idle answers are remembered without a channel). They fall
+# whenever the real clock says, never as part of what a test does.
+_TIMED = frozenset({policy_state.WATCH_TASK, POLL_TASK, pop_waiters.WATCH_TASK})
 
 
 def _timed() -> bool:

@@ -19,7 +19,7 @@ def key(n: int) -> Key:
 
 
 def test_at_most_the_bound_is_held_the_oldest_going_first() -> None:
-    answers = IdleAnswers(10.0, listens=lambda: 1, most=3)
+    answers = IdleAnswers(10.0, heard=lambda: 1, most=3)
     for n in range(5):
         mark = answers.mark(["m"])
         assert mark is not None
@@ -32,7 +32,7 @@ def test_at_most_the_bound_is_held_the_oldest_going_first() -> None:
 
 
 def test_a_flood_of_model_names_resets_instead_of_growing() -> None:
-    answers = IdleAnswers(10.0, listens=lambda: 1, most=4)
+    answers = IdleAnswers(10.0, heard=lambda: 1, most=4)
     mark = answers.mark(["m"])
     assert mark is not None
     remember(answers, key(1), mark)
@@ -44,12 +44,12 @@ def test_a_flood_of_model_names_resets_instead_of_growing() -> None:
 
 
 def test_nothing_is_remembered_when_off_or_without_a_listener() -> None:
-    assert IdleAnswers(0.0, listens=lambda: 1).mark(["m"]) is None
-    assert IdleAnswers(10.0, listens=lambda: None).mark(["m"]) is None
+    assert IdleAnswers(0.0, heard=lambda: 1).mark(["m"]) is None
+    assert IdleAnswers(10.0, heard=lambda: None).mark(["m"]) is None
 
 
 def test_a_pop_declaring_many_models_is_not_remembered() -> None:
-    answers = IdleAnswers(10.0, listens=lambda: 1)
+    answers = IdleAnswers(10.0, heard=lambda: 1)
     assert answers.mark([f"m{n}" for n in range(MODELS_MOST)]) is not None
     assert answers.mark([f"m{n}" for n in range(MODELS_MOST + 1)]) is None
 

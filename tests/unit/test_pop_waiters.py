@@ -4,6 +4,7 @@ notification's payload (core/notify.py) read back, bounded and refused when malf
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Iterator
 
 import pytest
@@ -116,3 +117,43 @@ def test_the_jobs_payload_reads_back_and_stays_bounded() -> None:
 )
 def test_a_malformed_jobs_payload_is_ignored(body: str) -> None:
     assert JobsArrived.parse(body) is None
+
+
+async def test_the_watcher_tells_the_idle_answers_only_once_it_has_read_and_while_its_reads_work(
+    metrics: Metrics,
+) -> None:
+    """`watched` starts the watcher for the idle answers (no pop waits), returns its generation
+    once it has read where the change log stands, tells what it finds (a request's models; none
+    for "too many to list"), None after a failed read, and a new generation for a new watcher."""
+    told: list[tuple[str, ...]] = []
+    reads: list[int | None] = []
+    answers: list[tuple[int, list[JobsArrived] | None] | Exception] = [
+        (5, []), (6, [JobsArrived("r", ("m",), 1)]), (7, None), RuntimeError("database away"), (8, []),
+    ]  # fmt: skip
+
+    read = {n: asyncio.Event() for n in (4, 5)}
+
+    async def changed(last: int | None) -> tuple[int, list[JobsArrived] | None]:
+        reads.append(last)
+        if len(reads) in read:
+            read[len(reads)].set()  # seen by the test once this read has been taken in
+        answer = answers.pop(0) if answers else (8, [])
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    registry = PopWaiters(metrics, 0.05, changed=changed, told=lambda models: told.append(tuple(models)))
+    assert registry.watched(0.3) is None  # started: it has not read yet
+    await registry.watching()
+    first = registry.watched(0.3)
+    assert first is not None
+    await read[4].wait()
+    assert told[:2] == [("m",), ()]
+    assert registry.watched(0.3) is None  # its last read failed
+    await read[5].wait()
+    assert registry.watched(0.05) == first  # the same watcher, reading again
+    await asyncio.sleep(0.5)  # no pop waits and nobody asks: it stops
+    assert registry.watched(0.3) is None  # a new watcher, not yet read
+    await registry.watching()
+    assert registry.watched(0.3) == first + 1
+    await registry.stop()
