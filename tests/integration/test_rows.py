@@ -23,8 +23,9 @@ from horde_lite.db.models import (
     UsageRecord,
     User,
 )
-from horde_lite.db.rows import Write, insert_rows, values_of, write_all_changes, write_rows
+from horde_lite.db.rows import WRITES_TOGETHER, Write, insert_rows, values_of, write_all_changes, write_rows
 from tests.support.horde import HordeClient
+from tests.support.statements import statements_sent
 
 
 def _request(user_id: int, request_id: str) -> TextRequest:
@@ -107,7 +108,7 @@ async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClie
 async def test_several_writes_together_write_what_their_statements_write(client: HordeClient) -> None:
     """`write_rows`: an update, an insert and inserts of two rows referring to it, sent together (one
     statement on PostgreSQL), store what a flush stores, the inserted row's defaults included; so do
-    writes that cannot be one statement."""
+    writes to one table apart from each other."""
     await client.user("owner")
     flushed_id, written_id = str(uuid.uuid4()), str(uuid.uuid4())
     async with client.horde.sessionmaker() as session, session.begin():
@@ -122,7 +123,7 @@ async def test_several_writes_together_write_what_their_statements_write(client:
             Write(models, {"request_id": written_id, "model": "a-7B"}),
             Write(models, {"request_id": written_id, "model": "b-13B"}),
         ])  # fmt: skip
-        # A table written by two parts apart: sent as separate statements.
+        # A table written by two parts apart, the same table twice (each row a part of its own).
         await write_rows(session, [
             Write(models, {"request_id": written_id, "model": "c-1B"}),
             Write(users, {"kudos": 50.0}, owner.id),
@@ -186,3 +187,25 @@ def _used(user_id: int, *, jobs: int, tokens: int = 0, owner_id: int | None = No
     return {"hour": 3600, "user_id": user_id, "worker_id": "w", "model": "m", "shared_key_hash": "",
             "owner_id": owner_id or user_id, "requests": 0, "jobs": jobs, "tokens": tokens,
             "kudos_spent": 0.0, "kudos_earned": 0.0}  # fmt: skip
+
+
+async def test_more_writes_than_go_together_are_sent_apart(client: HordeClient) -> None:
+    """Past `WRITES_TOGETHER` writes, each run of one shape is its own statement (an executemany):
+    what they store is the same."""
+    await client.user("owner")
+    request_id = str(uuid.uuid4())
+    models = cast(Table, RequestModel.__table__)
+    async with client.horde.sessionmaker() as session, session.begin():
+        owner = (await session.execute(select(User).where(User.username == "owner"))).scalar_one()
+        await insert_rows(session, [_request(owner.id, request_id)])
+        named = [f"m{i}-7B" for i in range(WRITES_TOGETHER)]
+        with statements_sent(client.horde.engine) as sent:
+            await write_rows(session, [
+                Write(cast(Table, User.__table__), {"kudos": 9.0}, owner.id),
+                *(Write(models, {"request_id": request_id, "model": m}) for m in named),
+            ])  # fmt: skip
+    assert len(sent) == 2  # the update, then one executemany of the model rows
+    async with client.horde.sessionmaker() as session:
+        stored = (await session.execute(select(RequestModel.model))).scalars().all()
+        kudos = (await session.execute(select(User.kudos).where(User.username == "owner"))).scalar_one()
+    assert (sorted(stored), kudos) == (sorted(named), 9.0)
