@@ -64,7 +64,6 @@ class Horde:
     idle_answers: IdleAnswers = field(init=False, repr=False)
 
     _turns: WriterTurns = field(init=False, repr=False)
-    _channel_open: Callable[[], bool] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
         if self.mirror is None:
@@ -73,23 +72,20 @@ class Horde:
             self.sizes = ModelSizes.from_settings(self.settings.kudos)
         self.webhooks = WebhookDeliveries(self.settings.webhooks, self.metrics)
         sqlite = self.engine.dialect.name == "sqlite"
-
-        def channel_open() -> bool:
-            """Another process's wake-ups reach this one now (its LISTEN connection is up)."""
-            return not sqlite and self.notifier.listening.is_set()
-
-        self._channel_open = channel_open
-
         self.idle_answers = IdleAnswers(self.settings.pops.idle_answer_seconds, heard=self._heard)
         self.pop_waiters = PopWaiters(
             self.metrics,
             self.settings.pops.wait_poll_seconds,
             changed=lambda last: changed_requests(self.reading, last),
-            channel_open=channel_open,
+            channel_open=self._channel_open,
             told=self.idle_answers.jobs_arrived,
         )
         self.notifier.on_jobs = self._jobs_arrived
         self._turns = WriterTurns(enabled=sqlite, patience=SQLITE_BUSY_TIMEOUT_MS / 1000)
+
+    def _channel_open(self) -> bool:
+        """Another process's wake-ups reach this one now (its LISTEN connection is up)."""
+        return self.engine.dialect.name != "sqlite" and self.notifier.listening.is_set()
 
     def _heard(self) -> Hashable | None:
         """What tells this process of other processes' new jobs now, for the idle answers: its

@@ -134,21 +134,26 @@ class Notifier:
         commit then sends only what is announced later. PostgreSQL delivers it at commit all the
         same, and drops it on rollback. None when there is nothing to send, or off PostgreSQL; the
         wake-ups in this process still come at commit."""
-        arrived = session.info.get(_PENDING_JOBS, {}).get(self)
-        sent: dict[Notifier, int] = session.info.setdefault(_SENT_JOBS, {})
-        unsent = (arrived or [])[sent.get(self, 0) :]
-        if not unsent or session.get_bind().dialect.name != "postgresql":
+        if session.get_bind().dialect.name != "postgresql":
             return None
-        sent[self] = len(arrived or [])
-        return After(_NOTIFY_JOBS, self._jobs_params(unsent))
+        params = self._unsent_jobs(session.info)
+        return None if params is None else After(_NOTIFY_JOBS, params)
 
-    def _jobs_params(self, arrived: list[JobsArrived]) -> dict[str, Any]:
-        return {"payloads": [one.payload(self.token) for one in arrived]}
+    def _unsent_jobs(self, info: dict[Any, Any]) -> dict[str, Any] | None:
+        """The NOTIFY's parameters for the jobs this transaction announced and has not sent yet,
+        counted as sent from now (None: none)."""
+        arrived = info.get(_PENDING_JOBS, {}).get(self, [])
+        sent: dict[Notifier, int] = info.setdefault(_SENT_JOBS, {})
+        unsent = arrived[sent.get(self, 0) :]
+        if not unsent:
+            return None
+        sent[self] = len(arrived)
+        return {"payloads": [one.payload(self.token) for one in unsent]}
 
-    def _publish_jobs(self, session: Session, arrived: list[JobsArrived]) -> None:
-        unsent = arrived[session.info.get(_SENT_JOBS, {}).get(self, 0) :]
-        if unsent:
-            session.execute(_NOTIFY_JOBS, self._jobs_params(unsent))
+    def _publish_jobs(self, session: Session) -> None:
+        params = self._unsent_jobs(session.info)
+        if params is not None:
+            session.execute(_NOTIFY_JOBS, params)
 
     def jobs_arrived(self, arrived: JobsArrived, *, remote: bool) -> None:
         if self.on_jobs is not None and arrived.jobs > 0:
@@ -191,8 +196,8 @@ def _publish_pending(session: Session) -> None:
     if (pending or jobs) and session.get_bind().dialect.name == "postgresql":
         for notifier, keys in (pending or {}).items():
             notifier._publish(session, keys)
-        for notifier, arrived in (jobs or {}).items():
-            notifier._publish_jobs(session, arrived)
+        for notifier in jobs or {}:
+            notifier._publish_jobs(session)
 
 
 @event.listens_for(Session, "after_commit")
