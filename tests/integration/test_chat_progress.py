@@ -24,6 +24,7 @@ from horde_lite.fronts import chat_front
 from horde_lite.fronts.waiting import Delta, Final, Waiter
 from horde_lite.jobs import output_bounds as bounds
 from horde_lite.settings import Settings
+from tests.conftest import make_settings
 from tests.support.chat import (
     MODEL,
     PATIENCE,
@@ -235,31 +236,44 @@ async def test_a_waiting_call_cancelled_twice_still_cancels_its_request(chat: Ch
     assert await chat.active_holds() == 0
 
 
-async def test_a_call_cancelled_at_any_moment_leaves_no_request_waiting(chat: Chat) -> None:
+async def test_a_call_cancelled_at_any_moment_leaves_no_request_waiting(
+    db_url: str, clock: ManualClock
+) -> None:
     """Cancelled a little later each time (before, during and after its admission, whose commit a
     cancel may follow before the call resumes), a call never leaves a request waiting or a hold
-    placed: what it created is cancelled. It stops once a call was cancelled while it waited."""
-    key = await chat.hc.user("owner", kudos=1_000_000)
-    big = {"max_completion_tokens": 8192, "max_context_tokens": 16384, "features": [], "image_transports": []}
-    await chat.worker(key, "w1", chat=big).pop()
-    delay, after_admission = 0.0, 0
-    while after_admission < 3:  # a few cancels after the request was visible, then stop
-        before = len(await chat.requests())
-        asking = await in_background(
-            chat.openai(key).chat.completions.create(model=MODEL, messages=HI, max_tokens=8000)
-        )
-        await asyncio.sleep(delay)
-        after_admission += len(await chat.requests()) > before
-        for handler in chat.handlers():
-            handler.cancel()
-        with contextlib.suppress(asyncio.CancelledError, openai.APIError):
-            await settled(asking)
-        assert await chat.horde.drain(within=PATIENCE) == 0
-        left = [row.state for row in await chat.requests() if row.state != "cancelled"]
-        assert left == [], f"cancelled after {delay * 1000:.0f} ms"
-        assert await chat.active_holds() == 0
-        delay += 0.001
-        assert delay < PATIENCE
+    placed: what it created is cancelled. It stops once a call was cancelled while it waited.
+
+    The step grows with the delay (1 ms steps to 10 ms, then a tenth of the delay), so a loaded
+    machine, whose admissions take longer, reaches them in tens of calls, not hundreds; the calls
+    are many, so the create limit is off (it would answer 429 and the loop would never end)."""
+    settings = make_settings(db_url, ratelimit={"create_per_minute": 0})
+    async with open_chat(settings, clock) as chat:
+        key = await chat.hc.user("owner", kudos=1_000_000)
+        big = {
+            "max_completion_tokens": 8192,
+            "max_context_tokens": 16384,
+            "features": [],
+            "image_transports": [],
+        }
+        await chat.worker(key, "w1", chat=big).pop()
+        delay, after_admission = 0.0, 0
+        while after_admission < 3:  # a few cancels after the request was visible, then stop
+            before = len(await chat.requests())
+            asking = await in_background(
+                chat.openai(key).chat.completions.create(model=MODEL, messages=HI, max_tokens=8000)
+            )
+            await asyncio.sleep(delay)
+            after_admission += len(await chat.requests()) > before
+            for handler in chat.handlers():
+                handler.cancel()
+            with contextlib.suppress(asyncio.CancelledError, openai.APIError):
+                await settled(asking)
+            assert await chat.horde.drain(within=PATIENCE) == 0
+            left = [row.state for row in await chat.requests() if row.state != "cancelled"]
+            assert left == [], f"cancelled after {delay * 1000:.0f} ms"
+            assert await chat.active_holds() == 0
+            delay += max(0.001, delay / 10)
+            assert delay < PATIENCE
 
 
 @pytest.mark.slow
