@@ -169,6 +169,7 @@ class Server:
     logs: list[Path] = field(default_factory=list)
     stack: str = "horde-lite"
     python: str = sys.executable
+    command: list[str] | None = None  # a command of its own instead of the stack's (bench/cycle_floor.py)
 
     @property
     def base_url(self) -> str:
@@ -178,9 +179,10 @@ class Server:
         log = self.workdir / f"server-{self.index}-{self.incarnation}.log"
         self.logs.append(log)
         with log.open("wb") as out:
+            command = self.command or server_command(self.port, self.stack, self.python)
             self.process = subprocess.Popen(  # noqa: ASYNC220 (starting it takes no time)
-                server_command(self.port, self.stack, self.python), cwd=self.workdir, env=self.env,
-                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                command, cwd=self.workdir, env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
             )  # fmt: skip
         deadline = time.monotonic() + START_TIMEOUT
         async with httpx.AsyncClient(timeout=2) as http:
