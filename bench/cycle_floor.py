@@ -33,6 +33,7 @@ from typing import Any
 
 import msgspec
 from litestar import Litestar, get, post
+from litestar.datastructures import State
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, create_async_engine
@@ -151,13 +152,9 @@ SETTLE = text(
 )
 
 
-def _floor(request_app: Litestar) -> Floor:
-    return request_app.state.floor  # type: ignore[no-any-return]
-
-
 @post("/api/v2/generate/text/async", status_code=202)
-async def create(data: CreateBody, headers: dict[str, str]) -> Created:
-    floor = _floor(APP)
+async def create(data: CreateBody, headers: dict[str, str], state: State) -> Created:
+    floor: Floor = state.floor
     user, now = _user(headers.get("apikey")), time.time()
     async with floor.reading() as conn:
         await conn.execute(CATCH_UP, {"since": now - 1})
@@ -171,8 +168,8 @@ async def create(data: CreateBody, headers: dict[str, str]) -> Created:
 
 
 @post("/api/v2/generate/text/pop", status_code=200)
-async def pop(data: PopBody, headers: dict[str, str]) -> Popped:
-    floor = _floor(APP)
+async def pop(data: PopBody, headers: dict[str, str], state: State) -> Popped:
+    floor: Floor = state.floor
     worker = _user(headers.get("apikey"))
     async with floor.reading() as conn:
         found = (await conn.execute(LOOK, {"w": worker})).one()[0]
@@ -188,14 +185,14 @@ async def pop(data: PopBody, headers: dict[str, str]) -> Popped:
 
 
 @post("/api/v2/generate/text/submit", status_code=200)
-async def submit(data: SubmitBody, headers: dict[str, str]) -> Submitted:
-    floor = _floor(APP)
+async def submit(data: SubmitBody, headers: dict[str, str], state: State) -> Submitted:
+    floor: Floor = state.floor
     worker = _user(headers.get("apikey"))
     async with floor.transaction() as tx:
         job = (await tx.execute(JOB, {"id": data.id})).one()
         users = sorted({job[1], worker})
         (await tx.execute(WORKER, {"u": users[0], "w": users[-1]})).all()  # the lock order: ascending ids
-        await tx.execute(MOVE, {"u": users[0], "w": users[-1], "r": 1.0})
+        await tx.execute(MOVE, {"u": job[1], "w": worker, "r": 1.0})
         await tx.execute(SETTLE, {"u": job[1], "w": worker, "r": 1.0, "id": data.id, "t": data.generation})
     return Submitted(reward=1.0)
 
@@ -215,8 +212,7 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
         await engine.dispose()
 
 
-APP = Litestar(route_handlers=[create, pop, submit, heartbeat], lifespan=[_lifespan], openapi_config=None)
-app = APP  # what uvicorn is pointed at
+app = Litestar(route_handlers=[create, pop, submit, heartbeat], lifespan=[_lifespan], openapi_config=None)
 
 
 # --- the load ---------------------------------------------------------------------------------
