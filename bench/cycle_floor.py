@@ -105,6 +105,9 @@ class Floor:
     def __init__(self, engine: AsyncEngine, mode: str) -> None:
         self.engine = engine
         self.mode = mode
+        # Autocommit set once, as the horde's reading connections have it (`db/engine._reader`),
+        # not on each connection after its checkout.
+        self.reader = engine.execution_options(isolation_level="AUTOCOMMIT")
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[AsyncConnection | AsyncSession]:
@@ -117,8 +120,8 @@ class Floor:
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[AsyncConnection]:
-        async with self.engine.connect() as conn:
-            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+        async with self.reader.connect() as conn:
+            yield conn
 
 
 LOCK_USER = text("SELECT id, kudos FROM floor_users WHERE id = :u FOR UPDATE")
