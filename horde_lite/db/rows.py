@@ -231,8 +231,12 @@ async def write_all_changes(
 ) -> None:
     """Write `first`, then what of the attributes named changed on each of `rows` (loaded objects,
     each with the attribute keys it may have changed), in their order, with `write_rows`, and tell
-    the objects their values are stored, so the flush at commit has nothing of them left to write."""
+    the objects their values are stored. An object with nothing else changed then leaves the session:
+    the session still counts it as modified, and at commit would run a whole flush to find nothing
+    to write (one with another change stays, and the flush writes that)."""
     found = [(row, found) for row, keys in rows if (found := changes(row, keys)) is not None]
     await write_rows(session, [*first, *(write for _row, (write, _changed) in found)])
     for row, (_write, changed) in found:
         committed(row, changed)
+        if not session.is_modified(row):
+            session.expunge(row)

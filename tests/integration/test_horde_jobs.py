@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 import msgspec
 import pytest
-from sqlalchemy import select, text
+from sqlalchemy import event, select, text
+from sqlalchemy.orm import Session
 
 from horde_lite.accounts.workers import CHECK_IN_RESOLUTION
 from horde_lite.core.context import Caller
@@ -108,6 +109,31 @@ async def test_duplicate_submit_pays_nothing(client: HordeClient) -> None:
     assert again.status_code == 400
     assert again.json()["rc"] == "DuplicateGen"
     assert (await client.balance("owner"), await client.balance("rich")) == balances
+    assert (await _worker(client, "w1"))["requests_fulfilled"] == 1
+
+
+async def test_a_submit_leaves_its_commit_no_flush(client: HordeClient) -> None:
+    """A stored submit writes its rows as Core statements: the session's unit of work is never run
+    (a flush at commit with nothing to write costs more than the submit's own statements)."""
+    owner = await client.user("owner")
+    rich = await client.user("rich", kudos=1000)
+    await client.create(rich, models=["m-12B"])
+    job = (await client.pop(owner, "w1", models=["m-12B"])).json()
+    flushed: list[str] = []
+
+    def note(session: Session, *_: Any) -> None:
+        flushed.append(", ".join(sorted(type(row).__name__ for row in session.dirty | session.new)))
+
+    event.listen(Session, "before_flush", note)
+    try:
+        submitted = await client.submit(owner, job["id"], "x" * 100)
+    finally:
+        event.remove(Session, "before_flush", note)
+    assert submitted.status_code == 200
+    assert flushed == []
+    reward = submitted.json()["reward"]
+    assert reward > 0  # the writes were made all the same: the worker is paid, the job is done
+    assert await client.balance("owner") == reward
     assert (await _worker(client, "w1"))["requests_fulfilled"] == 1
 
 

@@ -77,7 +77,8 @@ async def test_a_core_insert_writes_what_a_flush_writes(
 
 async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClient) -> None:
     """`write_all_changes` writes each row's changed attributes among those named, nothing else, and
-    leaves the objects with nothing for the commit's flush to write."""
+    leaves the objects with nothing for the commit's flush to write (those written whole leave the
+    session)."""
     await client.user("owner")
     await client.user("other")
     request_id = str(uuid.uuid4())
@@ -96,6 +97,11 @@ async def test_changes_of_several_rows_are_written_in_one_call(client: HordeClie
         assert not get_history(owner, "kudos").has_changes()
         assert not get_history(request, "state").has_changes()
         assert get_history(request, "prompt").has_changes()  # left to the flush, which writes it
+        # Written whole, the owner leaves the session: the commit has no flush to run for it. The
+        # request, with a change left, stays for the flush; `other` was not written.
+        assert owner not in session
+        assert request in session
+        assert other in session
         session.expunge(request)  # so the commit's flush writes nothing of it
     async with client.horde.sessionmaker() as session:
         users = {u.username: u for u in (await session.execute(select(User))).scalars()}
