@@ -215,7 +215,11 @@ async def _lifespan(app: Litestar) -> AsyncIterator[None]:
         await engine.dispose()
 
 
-app = Litestar(route_handlers=[create, pop, submit, heartbeat], lifespan=[_lifespan], openapi_config=None)
+def make_app() -> Litestar:
+    """The stand-in, built in its server's process only: a Litestar app configures logging when it is
+    built, and the bench's own process would then log each of its client's calls."""
+    handlers = [create, pop, submit, heartbeat]
+    return Litestar(route_handlers=handlers, lifespan=[_lifespan], openapi_config=None)
 
 
 # --- the load ---------------------------------------------------------------------------------
@@ -252,7 +256,7 @@ async def run_floor(pg_url: str, mode: str, workers: int, seconds: float) -> Cyc
     with tempfile.TemporaryDirectory(prefix="hl-floor-") as tmp:
         port = free_port()
         where = ["--app-dir", ROOT, "--host", LOOPBACK, "--port", str(port)]
-        command = [sys.executable, "-m", "uvicorn", "bench.cycle_floor:app", *where]
+        command = [sys.executable, "-m", "uvicorn", "--factory", "bench.cycle_floor:make_app", *where]
         env = {**os.environ, URL_ENV: url, MODE_ENV: mode}
         server = Server(0, port, Path(tmp), env, command=command)
         await server.start()
