@@ -45,7 +45,7 @@ from bench.soak_servers import LOOPBACK, Server, free_port
 FLOOR_DB = f"{BENCH_PG_DB}_floor"
 MODE_ENV = "HORDE_LITE_FLOOR_MODE"
 URL_ENV = "HORDE_LITE_FLOOR_URL"
-USERS = 64
+USERS = 128  # half of them workers' owners: at most 64 workers, as bench.perf's largest run
 ROOT = str(Path(__file__).resolve().parents[1])  # where `bench` is: the server runs elsewhere
 
 SCHEMA = (

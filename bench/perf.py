@@ -49,6 +49,7 @@ from bench.admission import (
     request_shape,
     settle,
 )
+from bench.cycle_floor import run_floor
 from bench.perf_cycles import CycleResult, run_cycles
 from bench.soak_servers import STACKS
 from horde_lite.accounts.users import hash_key
@@ -426,11 +427,30 @@ def print_tables(result: dict[str, Any]) -> None:
         print(f"\n(The bound: {os.cpu_count()} cores x 1,000 ms over what PostgreSQL and the bench's own "
               "simulated workers spend per cycle, all on this machine: the most cycles/s even a server "
               "costing nothing could reach here.)")  # fmt: skip
+        for line in floor_ratios(result["cycles"]):
+            print(line)
     for row in result["sizes"]:
         if row["plans"]:
             seq = row["seq_scans_of_text_requests"]
             print(f"\nPlans ({row['db']}, {row['queued']:,} queued): {row['plans']}; sequential scan of "
                   f"text_requests: {', '.join(seq) if seq else 'none'}")  # fmt: skip
+
+
+def floor_ratios(cycles: list[dict[str, Any]]) -> list[str]:
+    """One server process's CPU per cycle on PostgreSQL over the stack's floor's (`bench.cycle_floor`,
+    the same calls and round trips with none of the horde's logic) at the same number of workers: the
+    figure that holds on a machine whose speed drifts, where the absolute ones do not."""
+    floors = {c["workers"]: c for c in cycles if c["stack"].startswith("floor")}
+    lines = []
+    for c in cycles:
+        floor = floors.get(c["workers"])
+        if c["db"] != "postgresql" or c["processes"] != 1 or c["stack"].startswith("floor") or floor is None:
+            continue
+        mine, least = c["server_cpu_ms_per_cycle"], floor["server_cpu_ms_per_cycle"]
+        if mine and least:
+            lines.append(f"{c['stack']} x1, {c['workers']} workers: {mine / least:.2f}x the stack's floor "
+                         f"({fmt(mine)} against {fmt(least)} ms of server CPU per cycle)")  # fmt: skip
+    return ["\nAgainst the floor (bench.cycle_floor, run after them):", *lines] if lines else []
 
 
 def _bound(*others: float | None) -> float | None:
@@ -511,6 +531,11 @@ def main(argv: list[str] | None = None) -> int:
                 file=sys.stderr,
                 flush=True,
             )
+        if "postgresql" in kinds:  # the stack's floor beside them: the figure to compare a cycle with
+            for n in workers:
+                floor = asyncio.run(run_floor(args.pg_url, "session", n, args.cycle_seconds))
+                result["cycles"].append(dataclasses.asdict(floor))
+            print(f"cycles floor done ({time.monotonic() - began:.0f} s)", file=sys.stderr, flush=True)
     result["load_after"] = load()
     result["seconds"] = round(time.monotonic() - began)
     out = RESULTS / f"perf-{stamp}.json"
