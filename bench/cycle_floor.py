@@ -40,7 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, AsyncSession, c
 
 from bench.admission import BENCH_PG_DB, DEFAULT_PG
 from bench.perf_cycles import CycleResult, _measure, run_cycles
-from bench.soak_servers import LOOPBACK, Server, free_port
+from bench.soak_servers import LOOPBACK, Server, free_port, fresh_postgres
 
 FLOOR_DB = f"{BENCH_PG_DB}_floor"
 MODE_ENV = "HORDE_LITE_FLOOR_MODE"
@@ -226,14 +226,8 @@ def make_app() -> Litestar:
 
 
 async def _fresh_database(pg_url: str) -> str:
-    admin = create_async_engine(pg_url, isolation_level="AUTOCOMMIT")
-    try:
-        async with admin.connect() as conn:
-            await conn.execute(text(f"DROP DATABASE IF EXISTS {FLOOR_DB} WITH (FORCE)"))
-            await conn.execute(text(f"CREATE DATABASE {FLOOR_DB}"))
-    finally:
-        await admin.dispose()
     url = make_url(pg_url).set(database=FLOOR_DB).render_as_string(hide_password=False)
+    await fresh_postgres(url)
     engine = create_async_engine(url)
     try:
         async with engine.begin() as conn:
