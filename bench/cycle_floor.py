@@ -241,7 +241,10 @@ async def _fresh_database(pg_url: str) -> str:
 
 
 async def run_floor(pg_url: str, mode: str, workers: int, seconds: float) -> CycleResult:
-    """The stand-in under `bench.perf_cycles`' load: each worker's key is its user's id."""
+    """The stand-in under `bench.perf_cycles`' load: each worker's key is its user's id, and each
+    requester's another's (so at most half of USERS workers)."""
+    if workers > USERS // 2:
+        raise ValueError(f"the floor serves at most {USERS // 2} workers (got {workers})")
     url = await _fresh_database(pg_url)
     keys = {
         "owners": [str(i) for i in range(workers)],
@@ -268,8 +271,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--pg-url", default=DEFAULT_PG, help="a server to create the benches' databases on")
     args = parser.parse_args(argv)
-    if args.workers > USERS // 2:
-        parser.error(f"--workers: at most {USERS // 2}")
     floors: list[float] = []
     hordes: list[float] = []
     for n in range(args.rounds):  # interleaved: the machine's speed drifts
